@@ -1,0 +1,268 @@
+"""``probe-runner``: run probe campaigns and read what they recorded.
+
+Every user mistake ends as one clear line on stderr and an exit status (2 for bad input, 12
+where a session cannot be confined or the recorder refused what it saw), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from runner import __version__, layout
+from runner.errors import EXIT_CONFINEMENT, UserError
+from runner.settings import Settings, load_settings
+from runner.store import StoreError
+
+EPILOG = """settings come from the environment (prefix RUNNER_, '__' between nested names), e.g.
+  RUNNER_STORE=file:///srv/runs  RUNNER_PROVIDER__BASE_URL=https://api.anthropic.com
+  RUNNER_PROVIDER__API_KEY=...   RUNNER_HARNESS__COMMAND=/usr/bin/claude
+flags override them. Exit status: 0 all recorded; 1 sessions left interrupted; 2 bad input;
+12 a session could not be confined or something was refused (see the refused section)."""
+
+
+def _store_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="store URI: file:///abs/dir or s3://bucket/prefix (default: $RUNNER_STORE or ./runs)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="probe-runner", description=__doc__.split("\n\n")[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"probe-runner {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a campaign to the end (continues one already started)",
+                         description="Run every session of PLAN that has not run, then the transform. Safe to run again: "
+                                     "sessions that ran are not repeated; interrupted ones are reported for `ledger recover`.")
+    run.add_argument("plan", type=Path, help="the plan file (JSON, or YAML by .yaml/.yml)")
+    run.add_argument("--corpus", type=Path, required=True, help="the corpus directory the plan was made over")
+    run.add_argument("--executor", choices=["local"], default="local", help="where sessions run (default: local, under bwrap)")
+    run.add_argument("--concurrency", type=int, help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
+    run.add_argument("--produced", action="append", default=[], metavar="PATH",
+                     help="a workspace path a session may write without naming it (e.g. a Bash redirect); repeatable")
+    _store_arg(run)
+
+    demo = sub.add_parser("demo", help="run the bundled example campaign against a scripted local provider",
+                          description="Run a small bundled campaign (2 probes x 2 arms x 2 repetitions) with the real Claude "
+                                      "Code CLI against a scripted local Messages API, and print where the transcripts are.")
+    _store_arg(demo)
+
+    for name, text in (("status", "counts of sessions by state, cost so far, refusals"),
+                       ("transform", "(re)build the transcripts and refusals.json from the stored streams")):
+        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument("campaign")
+        _store_arg(p)
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals",
+                          description="Copy transcripts/ of CAMPAIGN into DEST.")
+    pull.add_argument("campaign")
+    pull.add_argument("--dest", type=Path, required=True)
+    _store_arg(pull)
+
+    ledger = sub.add_parser("ledger", help="inspect and resolve the campaign ledger",
+                            description="export: canonical JSON Lines and their SHA-256; verify: check the hash chain; "
+                                        "recover: mark started sessions with no outcome as interrupted (nothing runs); "
+                                        "cancel: close an interrupted session; resume: run a new attempt of one.")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+    for name in ("export", "verify", "recover", "cancel", "resume"):
+        p = lsub.add_parser(name)
+        p.add_argument("campaign")
+        if name in ("cancel", "resume"):
+            p.add_argument("session", help="PROBE/SESSION, e.g. HW-PRB-0007/present-001")
+        if name == "resume":
+            p.add_argument("--corpus", type=Path, required=True, help="the corpus directory (must be unchanged)")
+        if name == "export":
+            p.add_argument("--output", "-o", type=Path, help="write the JSON Lines here instead of stdout")
+        _store_arg(p)
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(store=getattr(args, "store", None), concurrency=getattr(args, "concurrency", None))
+
+
+@contextmanager
+def campaign_lock(settings: Settings, campaign: str):
+    """One runner per campaign on this host; `ledger recover` needs the lock to be free."""
+    settings.local.workdir.mkdir(parents=True, exist_ok=True)
+    path = settings.local.workdir / f"{campaign}.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"campaign {campaign!r} is being run by another process on this host (lock {path})") from None
+        yield
+
+
+def _print_report(store, plan, report, out=sys.stdout) -> int:
+    from runner.ledger import Ledger
+
+    for arm in report.arms:
+        if arm.key:
+            print(f"transcript {plan.tier.value}-{arm.arm}: {store.uri}/{arm.key} ({arm.events} events)", file=out)
+    print(f"refusals: {store.uri}/{layout.refusals_key(plan.campaign)}", file=out)
+    print(f"realized cost: ${report.cost_usd}", file=out)
+    if report.refusals:
+        print("\nrefused:", file=out)
+        for r in report.refusals:
+            where = f"{r.get('probe')} {r.get('session')}" if r["scope"] != "transcript" else r["transcript"]
+            print(f"  {r['scope']} {where} ({r.get('arm')}): {r['reason']}", file=out)
+    states = Ledger(store, plan.campaign).sessions()
+    if any(s.status == "started" for s in states.values()):
+        return 1
+    return EXIT_CONFINEMENT if report.refusals else 0
+
+
+def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> int:
+    from runner.campaign import run_sessions
+    from runner.executors.local import LocalExecutor
+    from runner.intake_job import run_job
+    from runner.plan import load_plan
+    from runner.store import open_store
+
+    plan = plan or load_plan(args.plan)
+    corpus = (corpus or args.corpus).resolve()
+    if not corpus.is_dir():
+        raise UserError(f"corpus {corpus} is not a directory")
+    store = open_store(settings.store, settings)
+    executor = LocalExecutor(settings)
+    with campaign_lock(settings, plan.campaign):
+        report = run_sessions(plan, corpus, store, executor, settings.local.workdir, settings.concurrency,
+                              getattr(args, "produced", []), resume=resume)
+        for key in report.interrupted:
+            print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
+                  f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
+        job = run_job(store, plan)
+    return _print_report(store, plan, job)
+
+
+def cmd_demo(args, settings: Settings) -> int:
+    from runner.demo import run_demo
+
+    return run_demo(settings, cmd_run)
+
+
+def cmd_transform(args, settings: Settings) -> int:
+    from runner.campaign import load_stored_plan
+    from runner.intake_job import run_job
+    from runner.store import open_store
+
+    store = open_store(settings.store, settings)
+    plan = load_stored_plan(store, args.campaign)
+    return _print_report(store, plan, run_job(store, plan))
+
+
+def cmd_status(args, settings: Settings) -> int:
+    from runner.campaign import load_stored_plan
+    from runner.ledger import Ledger
+    from runner.store import open_store
+
+    store = open_store(settings.store, settings)
+    plan = load_stored_plan(store, args.campaign)
+    states = Ledger(store, plan.campaign).sessions()
+    counts: dict[str, int] = {}
+    for spec in plan.sessions():
+        st = states.get(spec.key)
+        counts[st.status if st else "pending"] = counts.get(st.status if st else "pending", 0) + 1
+    refusals = []
+    if store.exists(layout.refusals_key(plan.campaign)):
+        refusals = json.loads(store.get(layout.refusals_key(plan.campaign)))["refusals"]
+    if args.json:
+        print(json.dumps({"campaign": plan.campaign, "sessions": counts, "refusals": refusals}, indent=2))
+        return 0
+    total = sum(counts.values())
+    print(f"campaign {plan.campaign}: {total} sessions")
+    for k in sorted(counts):
+        print(f"  {k}: {counts[k]}")
+    print(f"refusals: {len(refusals)}")
+    return 0
+
+
+def cmd_pull(args, settings: Settings) -> int:
+    from runner.store import open_store
+
+    store = open_store(settings.store, settings)
+    prefix = layout.transcripts_prefix(args.campaign)
+    keys = store.list(prefix)
+    if not keys:
+        raise UserError(f"campaign {args.campaign!r} has no transcripts in {store.uri} (run `probe-runner transform` first)")
+    args.dest.mkdir(parents=True, exist_ok=True)
+    for key in keys:
+        target = args.dest / key[len(prefix):]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(store.get(key))
+        print(target)
+    return 0
+
+
+def cmd_ledger(args, settings: Settings) -> int:
+    from runner.campaign import load_stored_plan
+    from runner.ledger import Ledger
+    from runner.store import open_store
+
+    store = open_store(settings.store, settings)
+    plan = load_stored_plan(store, args.campaign)
+    ledger = Ledger(store, plan.campaign)
+    action = args.ledger_command
+    if action == "verify":
+        problems = ledger.verify()
+        for p in problems:
+            print(f"ledger {plan.campaign}: {p}", file=sys.stderr)
+        if not problems:
+            print(f"ledger {plan.campaign}: {len(ledger.entries)} entries, chain verifies")
+        return 1 if problems else 0
+    if action == "export":
+        data, sha = ledger.export()
+        if args.output:
+            args.output.write_bytes(data)
+        else:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+        print(f"sha256 {sha} ({len(ledger.entries)} entries)", file=sys.stderr)
+        return 0
+    if action == "recover":
+        with campaign_lock(settings, plan.campaign):
+            marked = 0
+            for key, st in sorted(ledger.sessions().items()):
+                if st.status == "started":
+                    ledger.outcome(key, st.attempt, "interrupted", {"reason": "recovered: started with no outcome; it may or may not have executed"})
+                    print(f"interrupted: {key} (attempt {st.attempt})")
+                    marked += 1
+            print(f"{marked} session(s) marked interrupted; nothing was run, stopped or deleted")
+        return 0
+    st = ledger.state(args.session)
+    if st.attempt == 0:
+        raise UserError(f"{args.session}: no such session in campaign {plan.campaign!r}")
+    if action == "cancel":
+        ledger.close(args.session, st.attempt)
+        print(f"cancelled: {args.session} (attempt {st.attempt})")
+        return 0
+    if st.status not in ("interrupted", "failed"):
+        raise UserError(f"{args.session} is {st.status}; only an interrupted or failed session can be resumed")
+    return cmd_run(args, settings, plan=plan, corpus=args.corpus, resume={args.session})
+
+
+COMMANDS = {"run": cmd_run, "demo": cmd_demo, "status": cmd_status, "transform": cmd_transform,
+            "pull": cmd_pull, "ledger": cmd_ledger}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = _settings(args)
+        return COMMANDS[args.command](args, settings)
+    except UserError as e:
+        print(f"probe-runner: {e}", file=sys.stderr)
+        return e.exit_code
+    except StoreError as e:
+        print(f"probe-runner: store: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("probe-runner: interrupted; run the same command again to continue", file=sys.stderr)
+        return 130

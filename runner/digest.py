@@ -1,0 +1,35 @@
+"""Content digests in the one form the engine compares: ``sha256:`` + 64 lowercase hex.
+
+`headwater probe stale` compares a read's identity against the digest the corpus holds, so an
+identity of any other form decides nothing; every digest of this package is made here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+_DIGEST_RE = re.compile(DIGEST_PATTERN)
+_CHUNK = 1 << 20
+
+
+def of_bytes(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def of_text(text: str) -> str:
+    return of_bytes(text.encode("utf-8"))
+
+
+def of_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def is_digest(value: object) -> bool:
+    return isinstance(value, str) and _DIGEST_RE.match(value) is not None

@@ -1,0 +1,26 @@
+"""Errors a user can cause, each with the exit status the CLI gives it.
+
+A user mistake is reported as one clear line and an exit status, never a traceback; the CLI
+catches exactly these classes and lets everything else (a bug) surface in full.
+"""
+
+from __future__ import annotations
+
+EXIT_USAGE = 2
+EXIT_CONFINEMENT = 12  # the contract's status for a session that cannot be confined or is refused
+
+
+class UserError(Exception):
+    """A problem with what the user gave us (a plan, a corpus, a flag); exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfinementError(UserError):
+    """The host cannot confine a session as the contract requires; exit 12, nothing spent."""
+
+    exit_code = EXIT_CONFINEMENT
+
+
+class SealError(UserError):
+    """A workspace cannot be sealed for a (probe, arm); the session must not run."""

@@ -1,0 +1,61 @@
+"""The init line is the check: what the session loaded, refused where it is not what the
+contract allows.
+
+The first ``system``/``init`` line states the permission mode, plugins, MCP servers, skills
+and memory paths the session loaded. Each item of the contract's list is a reason to refuse
+the transcript (the contract's exit 12): bypassPermissions, a plugin whose path is not
+builtin, an MCP server the workspace's ``.mcp.json`` does not declare, a skill whose name is a
+skill directory of the host or that carries a plugin namespace, a memory path outside the
+session's configuration directory. A missing init line is the stream parser's refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+
+@dataclass(frozen=True)
+class InitContext:
+    config_dir: str  # the configuration directory as the session saw it
+    declared_mcp_servers: frozenset[str] = frozenset()
+    host_skills: frozenset[str] = frozenset()  # skill directory names of the host
+    extra: dict = field(default_factory=dict)
+
+
+def _inside(path: str, directory: str) -> bool:
+    p, d = PurePosixPath(path), PurePosixPath(directory)
+    return p == d or d in p.parents
+
+
+def _named(item: object, key: str = "name") -> str:
+    if isinstance(item, dict):
+        return str(item.get(key, ""))
+    return str(item)
+
+
+def refusals(init: dict, ctx: InitContext) -> list[str]:
+    reasons = []
+    mode = init.get("permissionMode")
+    if mode == "bypassPermissions":
+        reasons.append("the init line shows permission mode bypassPermissions")
+    for plugin in init.get("plugins") or []:
+        path = plugin.get("path") if isinstance(plugin, dict) else None
+        if path != "builtin":
+            reasons.append(f"the init line shows plugin {_named(plugin)!r} at {path!r}, which is not builtin")
+    for server in init.get("mcp_servers") or []:
+        name = _named(server)
+        if name not in ctx.declared_mcp_servers:
+            reasons.append(f"the init line shows MCP server {name!r}, which the workspace's .mcp.json does not declare")
+    for skill in init.get("skills") or []:
+        name = _named(skill)
+        if ":" in name:
+            reasons.append(f"the init line shows skill {name!r}, which carries a plugin namespace")
+        elif name in ctx.host_skills:
+            reasons.append(f"the init line shows skill {name!r}, a skill directory of the host")
+    memory = init.get("memory_paths")
+    paths = memory.values() if isinstance(memory, dict) else (memory or [])
+    for path in paths:
+        if isinstance(path, str) and not _inside(path, ctx.config_dir):
+            reasons.append(f"the init line shows memory path {path!r}, outside the configuration directory")
+    return reasons

@@ -1,0 +1,200 @@
+"""The transform-and-intake job: raw streams, artifacts and the plan in; transcripts and
+refusals out.
+
+It reads only the store (never a live session), so it can run anywhere and again at any time:
+its outputs are derived documents, rewritten whole on every run. Each session whose capture
+succeeded is transformed; each transcript is confirmed as ``headwater probe record`` would
+before it is written; everything refused or not recorded lands in ``refusals.json`` with its
+reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from runner import layout, stream
+from runner.intake import confirm
+from runner.ledger import Ledger
+from runner.plan import Plan
+from runner.store import NotFound, Store
+from runner.transcript import render
+from runner.transform import SessionFacts, SessionOutcome, transform
+
+CONTRACT_PROSE = (
+    "Every session ran in permission mode dontAsk with --setting-sources project,local, one list "
+    "of allowed tools ({allowed}), and WebSearch and WebFetch denied, under a fresh configuration "
+    "directory named by HOME and CLAUDE_CONFIG_DIR, so no user CLAUDE.md, skill, plugin, setting "
+    "or auto-memory of the host loaded. The prompt was the body of the probe's Task section, in a "
+    "workspace sealed against the probe and its answer keys. Each event was derived from the "
+    "harness's standard output alone (claude -p --output-format stream-json), read by the driver."
+)
+COMPARABILITY_PROSE = (
+    "The batches of 2026-09-28 and 2026-09-30 ran under bypassPermissions and the configuration "
+    "of the host. A rate from this transcript, recorded under the recorder contract, does not "
+    "compare with a rate from those batches."
+)
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    key: str | None
+    events: int
+    refusal: str | None
+
+
+@dataclass
+class JobReport:
+    arms: list[ArmResult] = field(default_factory=list)
+    refusals: list[dict] = field(default_factory=list)
+    cost_usd: Decimal = Decimal(0)
+
+
+def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]):
+    def read(rel: str) -> bytes | None:
+        if rel not in stored:
+            return None
+        try:
+            return store.get(keys.artifact(rel))
+        except NotFound:
+            return None
+    return read
+
+
+def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys) -> tuple[SessionOutcome, dict]:
+    capture = json.loads(store.get(keys.capture))
+    sealed = json.loads(store.get(keys.seal))
+    parsed = stream.parse(store.iter_lines(keys.stream))
+    if capture.get("timed_out"):
+        parsed.problems.append("the session was killed at the time limit")
+    arts = capture.get("artifacts") or {}
+    facts = SessionFacts(
+        probe=keys.probe,
+        session=keys.session,
+        workspace=capture["workspace"],
+        config_dir=capture["config_dir"],
+        manifest=sealed["manifest"],
+        final_file=_final_file(store, keys, set(arts.get("stored", []))),
+        artifacts_collected=bool(capture.get("artifacts")),
+        driver_produced=capture.get("driver_produced", []),
+        declared_mcp_servers=frozenset(sealed.get("mcp_servers", [])),
+        host_skills=frozenset(capture.get("host_skills", [])),
+    )
+    probe = plan.probe(keys.probe)
+    return transform(parsed, facts, probe.answers, plan.identifier_re), capture
+
+
+def _cents(total: Decimal) -> int:
+    return int(math.ceil(total * 100))
+
+
+def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[dict], planned: int,
+           not_recorded: int) -> list[str]:
+    accepted = sum(1 for o in outcomes if o.event is not None)
+    allowed = sorted({" ".join(c["harness"].get("allowed_tools", [])) for c in captures}) or ["none captured"]
+    prose = [
+        f"Campaign {plan.campaign}, {plan.tier.value} tier, {arm} arm: {planned} sessions planned, "
+        f"{accepted} recorded as events, {len(outcomes) - accepted} refused by the recorder and "
+        f"{not_recorded} not recorded; refusals.json names each refusal with its reason.",
+        CONTRACT_PROSE.format(allowed="; ".join(allowed)),
+        COMPARABILITY_PROSE,
+        *sorted({c["confinement"] for c in captures}),
+    ]
+    outside = [(o, len(o.outside_paths)) for o in outcomes if o.outside_paths]
+    if outside:
+        detail = "; ".join(f"{o.probe} {o.session}: {n}" for o, n in outside)
+        prose.append(f"Sessions named {sum(n for _, n in outside)} paths outside the workspace in all ({detail}).")
+    else:
+        prose.append("No session named a path outside the workspace.")
+    known = sum(1 for o in outcomes if o.cost_usd is not None)
+    prose.append(
+        f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused "
+        f"ones included, summed exactly from each result line's total_cost_usd and rounded up to whole "
+        f"cents; {known} of them stated a cost."
+    )
+    served = sorted({m for o in outcomes for m in o.served_models})
+    if len(served) > 1:
+        prose.append(f"The provider served more than one version: {', '.join(served)}.")
+    return prose
+
+
+def _served_version(plan: Plan, outcomes: list[SessionOutcome]) -> str:
+    """The served version the provider exposed, or the model name where it exposed none."""
+    served = sorted({m for o in outcomes if o.event is not None for m in o.served_models})
+    return ", ".join(served) if served else plan.model
+
+
+def run_job(store: Store, plan: Plan) -> JobReport:
+    ledger = Ledger(store, plan.campaign)
+    states = ledger.sessions()
+    report = JobReport()
+    by_arm: dict[str, list] = {arm.value: [] for arm in plan.arms}
+    for spec in plan.sessions():
+        st = states.get(spec.key)
+        status = st.status if st else "pending"
+        if status != "succeeded":
+            detail = (st.detail.get("reason") if st else None) or {
+                "pending": "the session has not run",
+                "started": "interrupted: the session may or may not have executed",
+            }.get(status, status)
+            report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
+                                    "arm": spec.arm, "status": status, "reason": f"not recorded: {detail}"})
+            by_arm[spec.arm].append(None)
+            continue
+        keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt)
+        outcome, capture = transform_session(store, plan, keys)
+        for reason in outcome.refusals:
+            report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
+                                    "arm": spec.arm, "status": "refused", "reason": reason})
+        by_arm[spec.arm].append((outcome, capture))
+
+    for arm, items in by_arm.items():
+        captured = [x for x in items if x is not None]
+        outcomes = [o for o, _ in captured]
+        captures = [c for _, c in captured]
+        costs = [o.cost_usd for o in outcomes if o.cost_usd is not None]
+        total = sum(costs, Decimal(0))
+        report.cost_usd += total
+        key = layout.transcript_key(plan.campaign, plan.tier.value, arm)
+        if not captured:
+            report.arms.append(ArmResult(arm, None, 0, "no session of this arm was captured"))
+            continue
+        identity = {
+            "model": plan.model,
+            "served_version": _served_version(plan, outcomes),
+            "tree": plan.identity.tree,
+            "lock": plan.identity.lock,
+            "selection": plan.identity.selection,
+            "read_set": plan.identity.read_set,
+            "seed": plan.identity.seed,
+            "harness": plan.identity.harness,
+            "tier": plan.tier.value,
+            "arm": arm,
+            "at": min(c["started_at"] for c in captures),
+            "cost_cents": _cents(total) if costs else None,
+        }
+        events = [o.event for o in outcomes if o.event is not None]
+        text = render(
+            {"title": f"{plan.campaign} {plan.tier.value} {arm}", "campaign": plan.campaign},
+            f"Probe transcript: {plan.campaign}, {plan.tier.value} tier, {arm} arm",
+            _prose(plan, arm, outcomes, captures, len(items), len(items) - len(captured)),
+            identity,
+            events,
+        )
+        result = confirm(text, plan.identity.lock, {p.id for p in plan.probes})
+        for d in result.dropped:
+            report.refusals.append({"scope": "event", "arm": arm, "status": "dropped", **d})
+        if result.refusal:
+            report.refusals.append({"scope": "transcript", "arm": arm, "status": "refused", "transcript": key,
+                                    "reason": result.refusal})
+            store.delete(key)
+            report.arms.append(ArmResult(arm, None, 0, result.refusal))
+            continue
+        store.put(key, text.encode("utf-8"))
+        report.arms.append(ArmResult(arm, key, len(result.events), None))
+    store.put(layout.refusals_key(plan.campaign),
+              json.dumps({"campaign": plan.campaign, "refusals": report.refusals}, indent=2).encode() + b"\n")
+    return report

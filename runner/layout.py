@@ -1,0 +1,69 @@
+"""The public store layout of DESIGN.md: every key a user or the engine reads is built here.
+
+Attempt 1 of a session keeps DESIGN.md's paths; a later attempt (``ledger resume``) writes
+under ``attempts/<n>/`` beside them, so no captured byte of an earlier attempt is overwritten.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def campaign_prefix(campaign: str) -> str:
+    return f"campaigns/{campaign}"
+
+
+def plan_key(campaign: str) -> str:
+    return f"{campaign_prefix(campaign)}/plan.json"
+
+
+def corpus_key(campaign: str) -> str:
+    return f"{campaign_prefix(campaign)}/corpus.tar.gz"
+
+
+def ledger_prefix(campaign: str) -> str:
+    return f"{campaign_prefix(campaign)}/ledger/"
+
+
+def transcript_key(campaign: str, tier: str, arm: str) -> str:
+    return f"{campaign_prefix(campaign)}/transcripts/{tier}-{arm}.md"
+
+
+def refusals_key(campaign: str) -> str:
+    return f"{campaign_prefix(campaign)}/transcripts/refusals.json"
+
+
+def transcripts_prefix(campaign: str) -> str:
+    return f"{campaign_prefix(campaign)}/transcripts/"
+
+
+@dataclass(frozen=True)
+class SessionKeys:
+    campaign: str
+    probe: str
+    session: str
+    attempt: int = 1
+
+    @property
+    def prefix(self) -> str:
+        base = f"{campaign_prefix(self.campaign)}/sessions/{self.probe}/{self.session}"
+        return base if self.attempt == 1 else f"{base}/attempts/{self.attempt}"
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}/stream.jsonl"
+
+    @property
+    def stderr(self) -> str:
+        return f"{self.prefix}/stderr.log"
+
+    @property
+    def capture(self) -> str:
+        return f"{self.prefix}/capture.json"
+
+    @property
+    def seal(self) -> str:
+        return f"{self.prefix}/seal.json"
+
+    def artifact(self, rel: str) -> str:
+        return f"{self.prefix}/workspace/{rel}"

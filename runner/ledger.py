@@ -1,0 +1,191 @@
+"""The campaign ledger: an append-only, hash-chained journal of every session's intent,
+start and outcome (the experiment-records seed).
+
+Each entry is one object ``ledger/<seq>.json`` written create-only, so two writers can never
+both append entry n; each carries the digest of the entry before it, so a modified, reordered
+or truncated chain is detected by ``verify``. A session's intent and its start are journaled
+before its harness can run; a start with no outcome means the session may or may not have
+executed, and nothing here runs it again by itself: ``recover`` marks it interrupted, then
+``cancel`` closes it or ``resume`` opens a new attempt under the same declaration.
+
+Exact retries of an entry are idempotent (the existing entry is returned); a changed retry or
+an invalid transition is rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from runner import digest, layout
+from runner.errors import UserError
+from runner.store import AlreadyExists, Store
+
+GENESIS = "sha256:" + "0" * 64
+OUTCOMES = ("succeeded", "failed", "refused", "cancelled", "interrupted")
+# Outcomes after which `resume` may open a new attempt.
+RESUMABLE = ("failed", "interrupted")
+
+
+class LedgerError(UserError):
+    """A rejected append, or a chain that does not verify."""
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def canonical(entry: dict) -> bytes:
+    return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class SessionState:
+    key: str
+    attempt: int = 0
+    declaration: dict | None = None
+    started: bool = False
+    outcome: str | None = None
+    closed: str | None = None  # "cancelled" after an interrupted attempt was closed
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        if self.closed:
+            return self.closed
+        if self.outcome:
+            return self.outcome
+        if self.started:
+            return "started"
+        if self.attempt:
+            return "intended"
+        return "pending"
+
+
+class Ledger:
+    def __init__(self, store: Store, campaign: str):
+        self.store = store
+        self.campaign = campaign
+        self.prefix = layout.ledger_prefix(campaign)
+        self.entries: list[dict] = []
+        self._lock = threading.Lock()
+        self.reload()
+
+    def _key(self, seq: int) -> str:
+        return f"{self.prefix}{seq:010d}.json"
+
+    def reload(self) -> None:
+        self.entries = [json.loads(self.store.get(k)) for k in self.store.list(self.prefix) if k.endswith(".json")]
+
+    # -- state ---------------------------------------------------------------------------
+    def sessions(self) -> dict[str, SessionState]:
+        states: dict[str, SessionState] = {}
+        for e in self.entries:
+            if "session" not in e:
+                continue
+            s = states.setdefault(e["session"], SessionState(e["session"]))
+            kind = e["type"]
+            if kind == "intent":
+                s.attempt, s.declaration, s.started, s.outcome, s.closed, s.detail = e["attempt"], e["declaration"], False, None, None, {}
+            elif kind == "start":
+                s.started = True
+            elif kind == "outcome":
+                s.outcome, s.detail = e["status"], e.get("detail", {})
+            elif kind == "close":
+                s.closed = e["status"]
+        return states
+
+    def state(self, session: str) -> SessionState:
+        return self.sessions().get(session, SessionState(session))
+
+    # -- appends -------------------------------------------------------------------------
+    def _check(self, entry: dict) -> dict | None:
+        """The existing identical entry (an exact retry), or None; raises on a bad transition."""
+        body = {k: v for k, v in entry.items() if k not in ("at",)}
+        for e in self.entries:
+            if e["type"] == entry["type"] and e.get("session") == entry.get("session") and e.get("attempt") == entry.get("attempt") and e["type"] != "note":
+                old = {k: v for k, v in e.items() if k not in ("at", "seq", "prev", "hash")}
+                if old == body:
+                    return e
+                raise LedgerError(f"ledger: a different {entry['type']} entry for {entry.get('session')} attempt {entry.get('attempt')} exists already")
+        if "session" not in entry:
+            return None
+        s = self.state(entry["session"])
+        kind, attempt = entry["type"], entry.get("attempt")
+        ok = {
+            "intent": (s.attempt == 0 and attempt == 1) or (attempt == s.attempt + 1 and s.outcome in RESUMABLE and not s.closed),
+            "start": attempt == s.attempt and s.status == "intended",
+            "outcome": attempt == s.attempt and (s.status == "started" or (s.status == "intended" and entry.get("status") in ("refused", "failed", "cancelled"))),
+            "close": attempt == s.attempt and s.outcome == "interrupted" and not s.closed,
+        }.get(kind, False)
+        if not ok:
+            raise LedgerError(f"ledger: {kind} for {entry['session']} attempt {attempt} is not allowed while it is {s.status} (attempt {s.attempt})")
+        return None
+
+    def append(self, entry: dict) -> dict:
+        with self._lock:
+            while True:
+                existing = self._check(entry)
+                if existing is not None:
+                    return existing
+                seq = len(self.entries)
+                full = {**entry, "at": entry.get("at") or now(), "seq": seq, "prev": self.entries[-1]["hash"] if self.entries else GENESIS}
+                full["hash"] = digest.of_bytes(canonical(full))
+                try:
+                    self.store.put(self._key(seq), canonical(full) + b"\n", create_only=True)
+                except AlreadyExists:
+                    self.reload()  # another writer appended first: re-check against its entries
+                    continue
+                self.entries.append(full)
+                return full
+
+    def intent(self, session: str, attempt: int, declaration: dict) -> dict:
+        return self.append({"type": "intent", "session": session, "attempt": attempt, "declaration": declaration})
+
+    def start(self, session: str, attempt: int) -> dict:
+        return self.append({"type": "start", "session": session, "attempt": attempt})
+
+    def outcome(self, session: str, attempt: int, status: str, detail: dict | None = None) -> dict:
+        if status not in OUTCOMES:
+            raise LedgerError(f"ledger: unknown outcome {status!r}")
+        return self.append({"type": "outcome", "session": session, "attempt": attempt, "status": status, "detail": detail or {}})
+
+    def close(self, session: str, attempt: int) -> dict:
+        return self.append({"type": "close", "session": session, "attempt": attempt, "status": "cancelled"})
+
+    # -- export and verification -----------------------------------------------------------
+    def verify(self) -> list[str]:
+        """Every break of the chain, as sentences (empty: the chain verifies)."""
+        problems = []
+        prev = GENESIS
+        keys = [k for k in self.store.list(self.prefix) if k.endswith(".json")]
+        for i, key in enumerate(keys):
+            if key != self._key(i):
+                problems.append(f"entry {i} is missing (found {key.rsplit('/', 1)[-1]} in its place)")
+                break
+            try:
+                e = json.loads(self.store.get(key))
+            except ValueError:
+                problems.append(f"entry {i} is not JSON")
+                break
+            claimed = e.get("hash")
+            body = {k: v for k, v in e.items() if k != "hash"}
+            if digest.of_bytes(canonical(body)) != claimed:
+                problems.append(f"entry {i} was modified: its hash does not match its content")
+            if e.get("seq") != i:
+                problems.append(f"entry {i} carries seq {e.get('seq')}: the chain was reordered")
+            if e.get("prev") != prev:
+                problems.append(f"entry {i} does not follow entry {i - 1}: the chain was reordered or truncated")
+            prev = claimed
+        return problems
+
+    def export(self) -> tuple[bytes, str]:
+        """Canonical JSON Lines of the verified chain, and its SHA-256."""
+        problems = self.verify()
+        if problems:
+            raise LedgerError("ledger: the chain does not verify: " + "; ".join(problems))
+        self.reload()
+        data = b"".join(canonical(e) + b"\n" for e in self.entries)
+        return data, digest.of_bytes(data)

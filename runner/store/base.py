@@ -1,0 +1,86 @@
+"""The store interface and the errors every backend raises."""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from typing import IO, Iterator
+
+
+class StoreError(Exception):
+    """A store operation failed for good (after the retry policy, where one applies)."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+class AlreadyExists(StoreError):
+    """A create-only write lost: the key exists."""
+
+
+class StreamWriter(ABC):
+    """An object written as its bytes arrive; visible under its key only once committed."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._write(data)
+            self._sha.update(data)
+            self.size += len(data)
+
+    @property
+    def sha256(self) -> str:
+        return "sha256:" + self._sha.hexdigest()
+
+    @abstractmethod
+    def _write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make the object visible, after checking the stored bytes against size and sha256."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Give up; what was written stays recoverable where the backend can keep it."""
+
+    def __enter__(self) -> "StreamWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+
+
+class Store(ABC):
+    uri: str
+
+    @abstractmethod
+    def put(self, key: str, data: bytes, *, create_only: bool = False) -> None: ...
+
+    @abstractmethod
+    def get(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    def open(self, key: str) -> IO[bytes]:
+        """A binary reader of the object (the caller closes it)."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, sorted."""
+
+    @abstractmethod
+    def writer(self, key: str, *, create_only: bool = True) -> StreamWriter: ...
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    def iter_lines(self, key: str) -> Iterator[bytes]:
+        with self.open(key) as f:
+            yield from f

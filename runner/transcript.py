@@ -1,0 +1,119 @@
+"""The transcript file: YAML front matter, prose, and two headings with one fenced ``yaml``
+block each, holding only the contract's four closed key sets.
+
+``render`` writes it and ``parse`` reads one back (ours or anybody's) strictly enough that
+intake can confirm it: a heading missing or doubled, a second fenced block, or a block that is
+not YAML is a refusal of the whole file, stated with its reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import yaml
+
+RUN_IDENTITY_KEYS = (
+    "model", "served_version", "tree", "lock", "selection", "read_set",
+    "seed", "harness", "tier", "arm", "at", "cost_cents",
+)
+EVENT_KEYS = ("probe", "session", "calls", "produced", "answer")
+CALL_KEYS = ("tool", "argument", "result")
+PRODUCED_KEYS = ("path", "result", "cites", "findings")
+KIND = "probe_transcript"
+IDENTITY_HEADING = "Run identity"
+EVENTS_HEADING = "Events"
+
+
+class TranscriptError(ValueError):
+    """The file is not a transcript this contract can read."""
+
+
+def _dump(value: object) -> str:
+    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False, allow_unicode=True, width=10**6)
+
+
+def render(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> str:
+    parts = [
+        "---\n" + _dump({"kind": KIND, **front}) + "---\n",
+        f"# {title}\n",
+        *(p.rstrip() + "\n" for p in prose),
+        f"## {IDENTITY_HEADING}\n",
+        "```yaml\n" + _dump(identity) + "```\n",
+        f"## {EVENTS_HEADING}\n",
+        "```yaml\n" + (_dump(events) if events else "[]\n") + "```\n",
+    ]
+    return "\n".join(parts)
+
+
+@dataclass
+class ParsedTranscript:
+    front: dict
+    identity: object
+    events: object
+
+
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_FENCE = re.compile(r"^(`{3,}|~{3,})\s*([A-Za-z0-9_-]*)\s*$")
+
+
+def _sections(lines: list[str]) -> dict[str, list[list[str]]]:
+    """Level-2 sections -> the fenced blocks (lines) under each, with their info strings."""
+    sections: dict[str, list] = {}
+    current = None
+    fence = None
+    block: list[str] = []
+    info = ""
+    for line in lines:
+        if fence is not None:
+            if line.strip() == fence:
+                if current is not None:
+                    sections[current].append((info, block))
+                fence = None
+            else:
+                block.append(line)
+            continue
+        m = _FENCE.match(line.strip())
+        if m:
+            fence, info, block = m.group(1), m.group(2), []
+            continue
+        h = _HEADING.match(line)
+        if h and len(h.group(1)) == 2:
+            current = h.group(2)
+            if current in sections:
+                raise TranscriptError(f"the heading '## {current}' appears twice")
+            sections[current] = []
+        elif h and len(h.group(1)) == 1:
+            current = None
+    if fence is not None:
+        raise TranscriptError("a fenced block is not closed")
+    return sections
+
+
+def parse(text: str) -> ParsedTranscript:
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        raise TranscriptError("the file does not start with YAML front matter")
+    try:
+        end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
+    except StopIteration:
+        raise TranscriptError("the front matter is not closed") from None
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end])) or {}
+    except yaml.YAMLError as e:
+        raise TranscriptError(f"the front matter is not YAML: {e}".replace("\n", " ")) from None
+    if not isinstance(front, dict) or front.get("kind") != KIND:
+        raise TranscriptError(f"the front matter does not declare kind: {KIND}")
+    sections = _sections(lines[end + 1:])
+    blocks = {}
+    for heading in (IDENTITY_HEADING, EVENTS_HEADING):
+        if heading not in sections:
+            raise TranscriptError(f"the section '## {heading}' is missing")
+        found = sections[heading]
+        if len(found) != 1 or found[0][0] != "yaml":
+            raise TranscriptError(f"the section '## {heading}' must hold exactly one fenced yaml block, not {len(found)}")
+        try:
+            blocks[heading] = yaml.safe_load("\n".join(found[0][1]))
+        except yaml.YAMLError as e:
+            raise TranscriptError(f"the block under '## {heading}' is not YAML: {e}".replace("\n", " ")) from None
+    return ParsedTranscript(front=front, identity=blocks[IDENTITY_HEADING], events=blocks[EVENTS_HEADING])

@@ -1,0 +1,259 @@
+"""The transform: one session's stream and workspace into one event of the contract.
+
+It reaches nothing but the stored stream and the files the session left, and it reads no
+probe expectation: every value is computed the same way for every probe (the contract's
+boundary between recorder and grader). What the stream does not show is not written: a call
+whose result never arrived has no ``result``; an artifact whose bytes were not collected has
+no ``result`` or ``cites``; nothing checked an artifact, so no artifact has ``findings``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import PurePosixPath
+from typing import Callable
+
+from runner import digest
+from runner.answer import answer_of
+from runner.initcheck import InitContext, refusals
+from runner.stream import ParsedStream, ToolUse
+
+WRITE_TOOLS = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path", "NotebookEdit": "notebook_path"}
+READ_TOOLS = {"Read": "file_path", "NotebookRead": "notebook_path"}
+# The one input that identifies a call of each known tool; any other tool's argument is its
+# whole input as canonical JSON, because tool inputs are open dicts that drift across versions.
+ARGUMENT_KEYS = {
+    **WRITE_TOOLS,
+    **READ_TOOLS,
+    "LS": "path",
+    "Glob": "pattern",
+    "Grep": "pattern",
+    "Bash": "command",
+    "Task": "subagent_type",
+    "Agent": "subagent_type",
+    "Skill": "skill",
+    "WebFetch": "url",
+    "WebSearch": "query",
+}
+_PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
+
+
+@dataclass
+class SessionFacts:
+    """What the driver knows about a session besides its stream (the capture record)."""
+
+    probe: str
+    session: str
+    workspace: str  # the workspace path as the session saw it
+    config_dir: str
+    manifest: dict[str, str]  # relative path -> digest of the sealed bytes
+    final_file: Callable[[str], bytes | None]  # bytes a workspace file held when the session ended
+    artifacts_collected: bool = True
+    driver_produced: list[str] = field(default_factory=list)
+    declared_mcp_servers: frozenset[str] = frozenset()
+    host_skills: frozenset[str] = frozenset()
+
+
+@dataclass
+class SessionOutcome:
+    probe: str
+    session: str
+    event: dict | None
+    refusals: list[str]
+    cost_usd: Decimal | None
+    served_models: list[str]
+    outside_paths: list[str]
+    notes: list[str]
+
+
+class _Paths:
+    def __init__(self, workspace: str):
+        self.ws = PurePosixPath(workspace)
+        self.prefix = workspace.rstrip("/") + "/"
+
+    def relative(self, path: str) -> str | None:
+        """The workspace-relative form of a path inside the workspace, else None."""
+        p = PurePosixPath(path)
+        if not p.is_absolute():
+            p = self.ws / p
+        parts: list[str] = []
+        for part in p.parts[1:]:
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part != ".":
+                parts.append(part)
+        norm = PurePosixPath("/", *parts)
+        if norm == self.ws:
+            return "."
+        if self.ws in norm.parents:
+            return norm.relative_to(self.ws).as_posix()
+        return None
+
+    def strip(self, text: str) -> str:
+        return text.replace(self.prefix, "").replace(self.prefix.rstrip("/"), ".")
+
+    def show(self, path: str) -> str:
+        rel = self.relative(path)
+        return rel if rel is not None else path
+
+
+def _canonical(value: object) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _result_bytes(content: object) -> bytes:
+    if isinstance(content, str):
+        return content.encode("utf-8", "surrogatepass")
+    if content is None:
+        return b""
+    return _canonical(content)
+
+
+def argument_of(use: ToolUse, paths: _Paths) -> str:
+    key = ARGUMENT_KEYS.get(use.name)
+    value = use.input.get(key) if key else None
+    if key in _PATH_INPUT_KEYS and isinstance(value, str):
+        return paths.show(value)
+    if isinstance(value, str):
+        return paths.strip(value)
+    return paths.strip(_canonical(use.input).decode())
+
+
+def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
+    found: list[str] = []
+
+    def add(candidate: str) -> None:
+        if (candidate.startswith("/") or candidate.startswith("~")) and paths.relative(candidate) is None:
+            if candidate not in found:
+                found.append(candidate)
+
+    for use in uses:
+        for key in _PATH_INPUT_KEYS:
+            value = use.input.get(key)
+            if isinstance(value, str):
+                add(value)
+        command = use.input.get("command") if use.name == "Bash" else None
+        if isinstance(command, str):
+            try:
+                words = shlex.split(command, comments=True)
+            except ValueError:
+                words = command.split()
+            for word in words:
+                add(word)
+    return found
+
+
+def cites_of(data: bytes, identifier: re.Pattern[str]) -> list[str]:
+    return sorted(set(identifier.findall(data.decode("utf-8", "replace"))))
+
+
+def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dict]:
+    calls = []
+    written: set[str] = set()
+    for use in parsed.tool_uses:
+        call = {"tool": use.name, "argument": argument_of(use, paths)}
+        res = parsed.results.get(use.id)
+        if res is not None:
+            rel = None
+            if use.name in READ_TOOLS:
+                target = use.input.get(READ_TOOLS[use.name])
+                rel = paths.relative(target) if isinstance(target, str) else None
+            if rel is not None and rel not in written and rel in facts.manifest and not res.is_error:
+                call["result"] = facts.manifest[rel]  # the document's content digest, as the plan prints it
+            else:
+                call["result"] = digest.of_bytes(_result_bytes(res.content))
+        if use.name in WRITE_TOOLS:
+            target = use.input.get(WRITE_TOOLS[use.name])
+            rel = paths.relative(target) if isinstance(target, str) else None
+            if rel is not None:
+                written.add(rel)
+        calls.append(call)
+    return calls
+
+
+def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifier: re.Pattern[str], notes: list[str]) -> list[dict]:
+    named: list[str] = []
+    for use in parsed.tool_uses:
+        target = use.input.get(WRITE_TOOLS.get(use.name, ""))
+        if isinstance(target, str):
+            shown = paths.show(target)
+            if shown not in named:
+                named.append(shown)
+    for path in facts.driver_produced:
+        shown = paths.show(path)
+        if shown in named:
+            continue
+        if facts.final_file(shown) is None:
+            notes.append(f"{shown} was named with --produced but the session left no such file")
+            continue
+        named.append(shown)
+    produced = []
+    for shown in named:
+        entry: dict = {"path": shown}
+        inside = paths.relative(shown) is not None
+        data = facts.final_file(shown) if inside else None
+        if data is not None:
+            entry["result"] = digest.of_bytes(data)
+            entry["cites"] = cites_of(data, identifier)
+        elif inside:
+            notes.append(f"{shown} was written but no file was there when the session ended")
+        produced.append(entry)
+    return produced
+
+
+def _final_message(parsed: ParsedStream) -> str | None:
+    result = parsed.result or {}
+    if result.get("subtype") == "success" and not result.get("is_error") and isinstance(result.get("result"), str):
+        return result["result"]
+    return None
+
+
+def _harness_error(parsed: ParsedStream) -> str | None:
+    result = parsed.result or {}
+    subtype = result.get("subtype")
+    if subtype == "error_max_turns":
+        return None  # the session ran out of turns: a behaviour of the model, recorded with answer null
+    if result.get("is_error") or (subtype not in (None, "success")):
+        detail = result.get("errors") or result.get("result") or result.get("api_error_status")
+        return f"the harness reported an error ({subtype}, is_error={result.get('is_error')}): {str(detail)[:300]}"
+    return None
+
+
+def transform(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[str], identifier: re.Pattern[str]) -> SessionOutcome:
+    paths = _Paths(facts.workspace)
+    notes = list(parsed.notes)
+    reasons = list(parsed.problems)
+    if parsed.init is not None:
+        reasons += refusals(
+            parsed.init,
+            InitContext(config_dir=facts.config_dir, declared_mcp_servers=facts.declared_mcp_servers, host_skills=facts.host_skills),
+        )
+    if parsed.result is not None:
+        error = _harness_error(parsed)
+        if error:
+            reasons.append(error)
+    outside = _outside_paths(parsed.tool_uses, paths)
+    event = None
+    if not reasons:
+        event = {"probe": facts.probe, "session": facts.session, "calls": _calls(parsed, facts, paths)}
+        if facts.artifacts_collected:
+            event["produced"] = _produced(parsed, facts, paths, identifier, notes)
+        else:
+            notes.append("the files the session changed were not collected, so the event has no produced key")
+        if declared_answers:
+            event["answer"] = answer_of(_final_message(parsed), declared_answers)
+    return SessionOutcome(
+        probe=facts.probe,
+        session=facts.session,
+        event=event,
+        refusals=reasons,
+        cost_usd=parsed.cost_usd,
+        served_models=list(parsed.served_models),
+        outside_paths=outside,
+        notes=notes,
+    )
