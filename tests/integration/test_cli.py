@@ -1,0 +1,94 @@
+"""The CLI as a user meets it: real processes, the real CLI under bwrap, the bundled demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.demo import CORPUS, PLAN, SCENARIOS
+
+
+def cli(*args, env=None, cwd=None, timeout=300):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+
+
+@pytest.fixture
+def env(tmp_path, claude_command):
+    return {"RUNNER_STORE": (tmp_path / "store").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
+            "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k"}
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["status"], ["pull"], ["ledger"], ["ledger", "resume"]])
+def test_help_explains_itself(command):
+    out = cli(*command, "--help")
+    assert out.returncode == 0 and "usage: probe-runner" in out.stdout
+
+
+def test_a_bad_plan_is_one_line_naming_the_field(tmp_path, env):
+    plan = json.loads(PLAN.read_text())
+    plan["probes"][1]["id"] = plan["probes"][0]["id"]
+    plan["tier"] = "nightly"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    out = cli("run", str(path), "--corpus", str(CORPUS), env=env)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert f"{path}: tier: Input should be 'regression', 'campaign' or 'documentation'" in out.stderr
+    path.write_text("{\"campaign\": ")
+    out = cli("run", str(path), "--corpus", str(CORPUS), env=env)
+    assert out.returncode == 2 and "not valid JSON" in out.stderr and "line 1" in out.stderr
+
+
+def test_a_missing_corpus_or_store_scheme_is_a_clear_error(tmp_path, env):
+    out = cli("run", str(PLAN), "--corpus", str(tmp_path / "nope"), env=env)
+    assert out.returncode == 2 and "is not a directory" in out.stderr
+    out = cli("status", "demo", "--store", "ftp://x", env=env)
+    assert out.returncode == 2 and "file:///absolute/dir or s3://bucket/prefix" in out.stderr
+
+
+def test_without_bwrap_nothing_runs_and_nothing_is_spent(tmp_path, env, scripted_provider):
+    provider = scripted_provider(json.loads(SCENARIOS.read_text()))
+    out = cli("run", str(PLAN), "--corpus", str(CORPUS),
+              env={**env, "RUNNER_LOCAL__BWRAP": "/nonexistent/bwrap", "RUNNER_PROVIDER__BASE_URL": provider.base_url})
+    assert out.returncode == 12, out.stderr
+    assert "bubblewrap" in out.stderr and "Traceback" not in out.stderr
+    assert provider.main_loop_requests() == []
+    ledger = tmp_path / "store/campaigns/demo/ledger"
+    assert not ledger.exists() or not any(b'"type":"start"' in p.read_bytes() for p in ledger.iterdir())
+
+
+def test_run_continues_and_never_repeats_a_session(tmp_path, env, scripted_provider):
+    provider = scripted_provider(json.loads(SCENARIOS.read_text()))
+    run_env = {**env, "RUNNER_PROVIDER__BASE_URL": provider.base_url}
+    first = cli("run", str(PLAN), "--corpus", str(CORPUS), env=run_env)
+    assert first.returncode == 0, first.stderr
+    assert "[8/8]" in first.stderr and "cost so far" in first.stderr
+    requests = len(provider.main_loop_requests())
+    second = cli("run", str(PLAN), "--corpus", str(CORPUS), env=run_env)
+    assert second.returncode == 0, second.stderr
+    assert len(provider.main_loop_requests()) == requests  # nothing ran again
+    assert "transcript campaign-present" in second.stdout
+    status = cli("status", "demo", "--json", env=env)
+    assert json.loads(status.stdout)["sessions"] == {"succeeded": 8}
+    verify = cli("ledger", "verify", "demo", env=env)
+    assert verify.returncode == 0 and "chain verifies" in verify.stdout
+    pulled = cli("pull", "demo", "--dest", str(tmp_path / "out"), env=env)
+    assert pulled.returncode == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["campaign-absent.md", "campaign-present.md", "refusals.json"]
+
+
+def test_demo_prints_where_the_transcripts_are(tmp_path, env):
+    out = cli("demo", env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("transcript ")]
+    assert len(lines) == 2
+    for ln in lines:
+        path = Path(ln.split(": ", 1)[1].split(" (")[0].removeprefix("file://"))
+        assert path.read_text().startswith("---\nkind: probe_transcript\n")
