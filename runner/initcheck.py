@@ -11,7 +11,7 @@ session's configuration directory. A missing init line is the stream parser's re
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 
@@ -20,7 +20,6 @@ class InitContext:
     config_dir: str  # the configuration directory as the session saw it
     declared_mcp_servers: frozenset[str] = frozenset()
     host_skills: frozenset[str] = frozenset()  # skill directory names of the host
-    extra: dict = field(default_factory=dict)
 
 
 def _inside(path: str, directory: str) -> bool:
@@ -32,6 +31,17 @@ def _named(item: object, key: str = "name") -> str:
     if isinstance(item, dict):
         return str(item.get(key, ""))
     return str(item)
+
+
+def _strings(value: object) -> list[str]:
+    """Every string inside a value of the init line (memory_paths is a dict of paths in 2.1.x)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
 
 
 def refusals(init: dict, ctx: InitContext) -> list[str]:
@@ -53,9 +63,7 @@ def refusals(init: dict, ctx: InitContext) -> list[str]:
             reasons.append(f"the init line shows skill {name!r}, which carries a plugin namespace")
         elif name in ctx.host_skills:
             reasons.append(f"the init line shows skill {name!r}, a skill directory of the host")
-    memory = init.get("memory_paths")
-    paths = memory.values() if isinstance(memory, dict) else (memory or [])
-    for path in paths:
-        if isinstance(path, str) and not _inside(path, ctx.config_dir):
+    for path in _strings(init.get("memory_paths")):
+        if not _inside(path, ctx.config_dir):
             reasons.append(f"the init line shows memory path {path!r}, outside the configuration directory")
     return reasons

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import IO, Iterable, Iterator
+from typing import Iterable
 
 _BEFORE_INIT_OK = {"system", "rate_limit_event"}
 
@@ -52,11 +52,6 @@ class ParsedStream:
     @property
     def complete(self) -> bool:
         return not self.problems and self.result is not None
-
-
-def iter_lines(f: IO[bytes]) -> Iterator[bytes]:
-    """Lines of a binary file, each with its newline (the last may lack one)."""
-    yield from f
 
 
 def _decode(raw: bytes, n: int, last: bool, out: ParsedStream) -> dict | None:
