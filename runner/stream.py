@@ -59,10 +59,12 @@ def _decode(raw: bytes, n: int, last: bool, out: ParsedStream) -> dict | None:
     if not body.strip():
         return None
     try:
-        obj = json.loads(body)
+        text = body.decode("utf-8")  # explicit: json.loads(bytes) would accept UTF-16 and UTF-32
     except UnicodeDecodeError:
         out.problems.append(f"line {n} is not valid UTF-8")
         return None
+    try:
+        obj = json.loads(text)
     except ValueError:
         if last and not raw.endswith(b"\n"):
             out.problems.append(f"the stream is truncated: line {n} ends without a newline and is not complete JSON")
@@ -97,7 +99,7 @@ def parse(lines: Iterable[bytes]) -> ParsedStream:
     if pending is not None:
         _line(out, pending, n, True, seen_ids)
     out.lines = n
-    if out.init is None and not any("init" in p for p in out.problems):
+    if out.init is None:
         out.problems.append("the stream has no init line, so it does not state what the session loaded")
     if out.result is None:
         out.problems.append("the stream has no result line: it is incomplete, whatever else it holds")
