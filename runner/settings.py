@@ -66,6 +66,17 @@ class LocalSettings(BaseModel):
     bwrap: str = Field("bwrap", description="The bubblewrap executable. Default: bwrap.")
 
 
+class S3Settings(BaseModel):
+    endpoint_url: str | None = Field(None, description="S3 endpoint URL (e.g. a MinIO or moto server). Default: AWS's own, from region.")
+    region: str | None = Field(None, description="S3 region. Default: the AWS configuration's (AWS_REGION / AWS_DEFAULT_REGION).")
+    part_size: int = Field(
+        8 * 1024 * 1024, ge=5 * 1024 * 1024,
+        description="Multipart part size in bytes; a stream holds at most one part in memory. Default: 8 MiB (S3's minimum is 5 MiB).",
+    )
+    attempts: int = Field(5, ge=1, description="Attempts per S3 call for transient errors (5xx, throttling, connection errors). Default: 5.")
+    backoff_seconds: float = Field(0.5, ge=0, description="First retry delay in seconds, doubled per attempt up to 10 s. Default: 0.5.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNNER_", env_nested_delimiter="__", extra="ignore")
 
@@ -78,6 +89,7 @@ class Settings(BaseSettings):
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -1,0 +1,172 @@
+"""The store contract, one set of test bodies run against both backends: the file backend and
+S3 through moto's server mode over real HTTP (the real boto3 code path)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto.server import ThreadedMotoServer
+
+from runner.ledger import Ledger, LedgerError
+from runner.settings import S3Settings
+from runner.store import AlreadyExists, NotFound, StoreError
+from runner.store.file import FileStore
+from runner.store.s3 import S3Store, is_transient
+
+MIB = 1024 * 1024
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request, tmp_path, moto_endpoint, monkeypatch):
+    if request.param == "file":
+        return FileStore(tmp_path / "store")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    bucket = f"b-{abs(hash(str(tmp_path))) % 10**8}"
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    return S3Store(bucket, "runs", S3Settings(endpoint_url=moto_endpoint, region="us-east-1", part_size=5 * MIB, backoff_seconds=0))
+
+
+def test_put_get_list_delete(store):
+    store.put("campaigns/c/a.json", b"1")
+    store.put("campaigns/c/sub/b.json", b"2")
+    assert store.get("campaigns/c/a.json") == b"1"
+    assert store.list("campaigns/c/") == ["campaigns/c/a.json", "campaigns/c/sub/b.json"]
+    assert store.exists("campaigns/c/a.json") and not store.exists("campaigns/c/zzz")
+    store.delete("campaigns/c/a.json")
+    with pytest.raises(NotFound):
+        store.get("campaigns/c/a.json")
+
+
+def test_create_only_has_one_winner(store):
+    store.put("k", b"first", create_only=True)
+    with pytest.raises(AlreadyExists):
+        store.put("k", b"second", create_only=True)
+    assert store.get("k") == b"first"
+
+
+def test_a_stream_spanning_parts_is_stored_whole_with_its_digest(store):
+    import hashlib
+
+    chunk = bytes(range(256)) * 4096  # 1 MiB
+    w = store.writer("s/stream.jsonl")
+    for _ in range(12):
+        w.write(chunk)
+    w.write(b"tail\nlast line without newline")
+    w.commit()
+    data = store.get("s/stream.jsonl")
+    assert len(data) == w.size == 12 * MIB + 30
+    assert w.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
+    lines = list(store.iter_lines("s/stream.jsonl"))
+    assert b"".join(lines) == data and lines[-1] == b"last line without newline"
+
+
+def test_two_ledgers_on_one_store_never_overwrite_each_other(store):
+    a, b = Ledger(store, "c"), Ledger(store, "c")
+    errors = []
+
+    def work(ledger, names):
+        for n in names:
+            try:
+                ledger.intent(n, 1, {"n": n})
+            except LedgerError as e:  # pragma: no cover - would be a failure below
+                errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(a, [f"p/a-{i}" for i in range(8)])),
+               threading.Thread(target=work, args=(b, [f"p/b-{i}" for i in range(8)]))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    fresh = Ledger(store, "c")
+    assert not errors and len(fresh.entries) == 16 and fresh.verify() == []
+    assert {e["session"] for e in fresh.entries} == {f"p/a-{i}" for i in range(8)} | {f"p/b-{i}" for i in range(8)}
+
+
+def test_an_exact_retry_is_idempotent_and_a_changed_one_rejected(store):
+    ledger = Ledger(store, "c")
+    first = ledger.intent("p/s", 1, {"x": 1})
+    assert ledger.intent("p/s", 1, {"x": 1}) == first and len(ledger.entries) == 1
+    with pytest.raises(LedgerError):
+        ledger.intent("p/s", 1, {"x": 2})
+    with pytest.raises(LedgerError):
+        ledger.outcome("p/s", 1, "succeeded")  # not started
+    ledger.start("p/s", 1)
+    ledger.outcome("p/s", 1, "succeeded")
+    with pytest.raises(LedgerError):
+        ledger.intent("p/s", 2, {"x": 1})  # a success is not resumable
+
+
+def test_a_modified_entry_breaks_the_chain(store):
+    ledger = Ledger(store, "c")
+    for i in range(3):
+        ledger.intent(f"p/{i}", 1, {})
+    key = store.list("campaigns/c/ledger/")[1]
+    store.put(key, store.get(key).replace(b'"p/1"', b'"p/X"'))
+    assert any("entry 1 was modified" in p for p in Ledger(store, "c").verify())
+
+
+def _client_error(status: int, code: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+
+def test_retry_policy_classifies_errors():
+    assert is_transient(_client_error(500, "InternalError"))
+    assert is_transient(_client_error(503, "SlowDown"))
+    assert is_transient(_client_error(400, "RequestTimeout"))
+    assert not is_transient(_client_error(403, "AccessDenied"))
+    assert not is_transient(_client_error(404, "NoSuchKey"))
+
+
+class _Flaky:
+    """A client whose put_object fails a set number of times before the real call."""
+
+    def __init__(self, real, failures: list[ClientError]):
+        self.real, self.failures, self.calls = real, failures, 0
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def put_object(self, **kw):
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return self.real.put_object(**kw)
+
+
+def test_transient_errors_retry_and_client_errors_fail_fast(moto_endpoint, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    real = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+    real.create_bucket(Bucket="flaky")
+    settings = S3Settings(endpoint_url=moto_endpoint, region="us-east-1", attempts=4, backoff_seconds=0)
+    flaky = _Flaky(real, [_client_error(500, "InternalError"), _client_error(503, "SlowDown")])
+    S3Store("flaky", "p", settings, client=flaky).put("k", b"v")
+    assert flaky.calls == 3 and real.get_object(Bucket="flaky", Key="p/k")["Body"].read() == b"v"
+    denied = _Flaky(real, [_client_error(403, "AccessDenied")])
+    with pytest.raises(StoreError, match="s3://flaky/p/k2: AccessDenied"):
+        S3Store("flaky", "p", settings, client=denied).put("k2", b"v")
+    assert denied.calls == 1
+    exhausted = _Flaky(real, [_client_error(500, "InternalError")] * 4)
+    with pytest.raises(StoreError):
+        S3Store("flaky", "p", settings, client=exhausted).put("k3", b"v")
+    assert exhausted.calls == 4
