@@ -92,3 +92,44 @@ def test_demo_prints_where_the_transcripts_are(tmp_path, env):
     for ln in lines:
         path = Path(ln.split(": ", 1)[1].split(" (")[0].removeprefix("file://"))
         assert path.read_text().startswith("---\nkind: probe_transcript\n")
+
+
+def test_a_started_session_is_never_rerun_until_recovered_and_resumed(tmp_path, env, scripted_provider):
+    from runner.campaign import store_plan
+    from runner.ledger import Ledger
+    from runner.plan import load_plan
+    from runner.store.file import FileStore
+
+    provider = scripted_provider(json.loads(SCENARIOS.read_text()))
+    run_env = {**env, "RUNNER_PROVIDER__BASE_URL": provider.base_url}
+    store = FileStore(tmp_path / "store")
+    plan = load_plan(PLAN)
+    store_plan(store, plan)
+    ledger = Ledger(store, "demo")  # a runner died after journaling the start of one session
+    ledger.intent("HW-PRB-0007/present-001", 1, {"left": "by a killed runner"})
+    ledger.start("HW-PRB-0007/present-001", 1)
+
+    out = cli("run", str(PLAN), "--corpus", str(CORPUS), env=run_env)
+    assert out.returncode == 1, out.stderr
+    assert "interrupted: HW-PRB-0007/present-001 started and has no outcome" in out.stderr
+    assert "[7/7]" in out.stderr  # the other seven ran, that one did not
+    assert not (tmp_path / "store/campaigns/demo/sessions/HW-PRB-0007/present-001").exists()
+
+    rec = cli("ledger", "recover", "demo", env=env)
+    assert rec.returncode == 0 and "interrupted: HW-PRB-0007/present-001 (attempt 1)" in rec.stdout
+    before = len(provider.main_loop_requests())
+    again = cli("run", str(PLAN), "--corpus", str(CORPUS), env=run_env)
+    assert again.returncode == 12, again.stderr  # listed under refused: not recorded, interrupted
+    assert "present-001 (present): not recorded: recovered: started with no outcome" in again.stdout
+    assert len(provider.main_loop_requests()) == before  # and nothing ran again
+    status = json.loads(cli("status", "demo", "--json", env=env).stdout)["sessions"]
+    assert status == {"succeeded": 7, "interrupted": 1}
+
+    bad = cli("ledger", "resume", "demo", "HW-PRB-0007/present-001", "--corpus", str(CORPUS), env=run_env)
+    assert bad.returncode == 2 and "the plan or corpus changed" in bad.stderr  # the declaration differs
+
+    cancel = cli("ledger", "cancel", "demo", "HW-PRB-0007/present-001", env=env)
+    assert cancel.returncode == 0
+    status = json.loads(cli("status", "demo", "--json", env=env).stdout)["sessions"]
+    assert status == {"succeeded": 7, "cancelled": 1}
+    assert cli("ledger", "verify", "demo", env=env).returncode == 0
