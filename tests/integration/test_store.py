@@ -170,3 +170,25 @@ def test_transient_errors_retry_and_client_errors_fail_fast(moto_endpoint, monke
     with pytest.raises(StoreError):
         S3Store("flaky", "p", settings, client=exhausted).put("k3", b"v")
     assert exhausted.calls == 4
+
+
+def test_a_whole_campaign_runs_on_the_s3_store(moto_endpoint, tmp_path, claude_command, monkeypatch):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket="campaigns")
+    env = {**os.environ, "RUNNER_STORE": "s3://campaigns/team-a", "RUNNER_S3__ENDPOINT_URL": moto_endpoint,
+           "RUNNER_S3__REGION": "us-east-1", "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
+           "RUNNER_HARNESS__COMMAND": claude_command[0]}
+    out = subprocess.run([sys.executable, "-m", "runner", "demo"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    campaign = out.stdout.split("campaign ", 1)[1].split(",", 1)[0]
+    store = S3Store("campaigns", "team-a", S3Settings(endpoint_url=moto_endpoint, region="us-east-1"))
+    assert store.get(f"campaigns/{campaign}/transcripts/campaign-present.md").startswith(b"---\nkind: probe_transcript\n")
+    assert Ledger(store, campaign).verify() == []
+    refusals = json.loads(store.get(f"campaigns/{campaign}/transcripts/refusals.json"))
+    assert refusals["refusals"] == []
