@@ -1,0 +1,561 @@
+"""A real Kubernetes control plane for tests/cluster/, without Docker.
+
+``build.sh`` builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+kwok and kwokctl from Go modules (cached; see README.md). The session fixture
+``kube_cluster`` starts them with ``kwokctl --runtime binary`` on 127.0.0.1: admission,
+scheduling, watches and API errors are real; nodes are KWOK fake nodes, and pod logs and
+exec are served by the kwok-controller according to KWOK ``Logs``/``Exec`` objects.
+
+The build runs while pytest collects (a cold build takes about 11 minutes here, longer than
+the per-test timeout), only when tests of this directory are selected. A failed build fails
+every test here; nothing is ever skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build.sh"
+
+KWOK_GROUP = "kwok.x-k8s.io"
+KWOK_VERSION = "v1alpha1"
+# The KWOK kinds enabled as CRDs (not as static config, so each test can add and remove its
+# own rules through the API while the cluster runs).
+KWOK_CRDS = ("Logs", "ClusterLogs", "Exec", "ClusterExec")
+
+# Registry of clusters started by this fixture, so that a later session can end the
+# processes of a session that was killed before its teardown (by their pids, checked
+# against their command lines).
+REGISTRY = Path(tempfile.gettempdir()) / "probe-runner-kwok-clusters"
+
+
+# --------------------------------------------------------------------------------------
+# Build (during collection, outside any per-test timeout)
+# --------------------------------------------------------------------------------------
+
+_build: dict[str, Any] = {}
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("PROBE_RUNNER_CACHE") or str(Path.home() / ".cache" / "probe-runner")
+    return Path(base) / "cluster"
+
+
+def run_build() -> Path:
+    """Run build.sh (returns at once on a warm cache); return the bin dir or raise."""
+    if "bin" in _build:
+        return _build["bin"]
+    if "error" in _build:
+        raise RuntimeError(_build["error"])
+    root = _cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    log_path = root / "last-build.log"
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        # Its own process group, so that an interrupted session also stops the go builds
+        # it runs (build.sh then removes its temp dir; nothing half-built is ever cached).
+        proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
+                                stderr=log, start_new_session=True)
+        try:
+            out, _ = proc.communicate()
+        except BaseException:
+            _end_group(proc)
+            raise
+    elapsed = time.monotonic() - started
+    lines = out.decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = log_path.read_text(errors="replace").splitlines()[-60:]
+        _build["error"] = (
+            f"tests/cluster/build.sh failed (exit {proc.returncode}, {elapsed:.0f}s); "
+            f"full log: {log_path}\n" + "\n".join(tail)
+        )
+        raise RuntimeError(_build["error"])
+    bin_dir = Path(lines[-1])
+    missing = [
+        b
+        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                  "kubectl", "kwok", "kwokctl")
+        if not os.access(bin_dir / b, os.X_OK)
+    ]
+    if missing:
+        _build["error"] = f"build.sh printed {bin_dir} but it lacks {missing}"
+        raise RuntimeError(_build["error"])
+    _build["bin"] = bin_dir
+    _build["seconds"] = elapsed
+    return bin_dir
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group led by ``proc`` (started by us), then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    if config.option.collectonly:
+        return
+    if not any(Path(item.path).resolve().is_relative_to(HERE) for item in items):
+        return
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+
+    def say(msg: str) -> None:
+        if reporter is not None:
+            reporter.write_line(msg)
+
+    ctx = capman.global_and_fixture_disabled() if capman else _nullcontext()
+    with ctx:
+        say(f"tests/cluster: ensuring control-plane binaries (build.sh; cache {_cache_root()}; "
+            f"a cold build takes ~11 min, log in {_cache_root() / 'last-build.log'})")
+        try:
+            bin_dir = run_build()
+        except RuntimeError as exc:  # reported by the fixture, on every test of this dir
+            say(f"tests/cluster: BUILD FAILED: {str(exc).splitlines()[0]}")
+        else:
+            say(f"tests/cluster: binaries in {bin_dir} ({_build['seconds']:.1f}s)")
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# Helpers for later tests
+# --------------------------------------------------------------------------------------
+
+
+def cri_log_line(content: str, stream: str = "stdout", ts: datetime | None = None,
+                 partial: bool = False) -> str:
+    """One line of the CRI container log format that kubelet (and KWOK) read:
+    ``<RFC3339Nano timestamp> <stdout|stderr> <F|P> <content>\\n``."""
+    if stream not in ("stdout", "stderr"):
+        raise ValueError(f"stream must be stdout or stderr, not {stream!r}")
+    if "\n" in content:
+        raise ValueError("one CRI log line holds no newline; split the content first")
+    ts = ts or datetime.now(timezone.utc)
+    stamp = ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"{stamp} {stream} {'P' if partial else 'F'} {content}\n"
+
+
+def write_cri_log(path: Path | str, lines: Iterable[str | tuple[str, str]], append: bool = False) -> Path:
+    """Write (or append) plain text lines as a CRI-format log file. An item is either the
+    text (stdout) or ``(stream, text)``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a" if append else "w", encoding="utf-8") as fh:
+        for item in lines:
+            stream, text = ("stdout", item) if isinstance(item, str) else item
+            fh.write(cri_log_line(text, stream))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path
+
+
+@dataclass
+class KubeCluster:
+    """A running kwokctl cluster. All processes listen on 127.0.0.1 only."""
+
+    name: str
+    bin_dir: Path
+    workdir: Path
+    kubeconfig: Path
+    env: dict[str, str] = field(repr=False)
+    _api_client: Any = field(default=None, repr=False)
+
+    # Also reachable from tests without importing conftest.
+    write_cri_log = staticmethod(write_cri_log)
+    cri_log_line = staticmethod(cri_log_line)
+
+    # ---- plumbing ---------------------------------------------------------------------
+
+    @property
+    def cluster_dir(self) -> Path:
+        return self.workdir / "clusters" / self.name
+
+    @property
+    def server(self) -> str:
+        return self.kubectl("config", "view", "--minify", "-o",
+                            "jsonpath={.clusters[0].cluster.server}").stdout.strip()
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run the built kubectl against this cluster; raise on failure when ``check``."""
+        cmd = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True,
+                              env=self.env, timeout=timeout, check=False)
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}"
+            )
+        return proc
+
+    def apply(self, obj: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """kubectl apply of one object or a list of objects (as dicts)."""
+        items = [obj] if isinstance(obj, Mapping) else list(obj)
+        doc = {"apiVersion": "v1", "kind": "List", "items": items}
+        self.kubectl("apply", "-f", "-", input=json.dumps(doc))
+
+    def api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` for this cluster (one per cluster)."""
+        if self._api_client is None:
+            from kubernetes import config as k8s_config
+
+            self._api_client = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
+        return self._api_client
+
+    def component_logs(self, lines: int = 40) -> str:
+        out = []
+        for f in sorted((self.cluster_dir / "logs").glob("*.log")):
+            tail = f.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"==> {f.name} <==\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    # ---- namespaces, nodes --------------------------------------------------------------
+
+    def create_namespace(self, name: str, timeout: float = 30) -> str:
+        """Create a namespace and wait for its ``default`` ServiceAccount (created by the
+        real controller-manager; pods cannot be admitted before it exists)."""
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0:
+                return name
+            time.sleep(0.2)
+        raise AssertionError(f"namespace {name}: no default ServiceAccount after {timeout}s")
+
+    def add_nodes(self, n: int, prefix: str = "kwok-node", labels: Mapping[str, str] | None = None,
+                  taints: Sequence[Mapping[str, str]] = (), cpu: str = "32",
+                  memory: str = "256Gi", pods: str = "110", wait: bool = True,
+                  timeout: float = 60) -> list[str]:
+        """Create ``n`` KWOK fake nodes ``<prefix>-0 .. <prefix>-(n-1)`` and (by default)
+        wait until they are Ready. They carry no taint unless given, so ordinary pods
+        schedule onto them."""
+        names = [f"{prefix}-{i}" for i in range(n)]
+        resources = {"cpu": cpu, "memory": memory, "pods": pods}
+        self.apply([
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake"},
+                    "labels": {"type": "kwok", "kubernetes.io/hostname": name,
+                               "kubernetes.io/os": "linux", **(labels or {})},
+                },
+                "spec": {"taints": list(taints)} if taints else {},
+                "status": {"allocatable": resources, "capacity": resources},
+            }
+            for name in names
+        ])
+        if wait:
+            self.kubectl("wait", "--for=condition=Ready", f"--timeout={int(timeout)}s",
+                         *[f"node/{n}" for n in names], timeout=timeout + 10)
+        return names
+
+    # ---- KWOK: logs and exec --------------------------------------------------------------
+
+    def _kwok_object(self, kind: str, name: str, namespace: str | None, spec: dict) -> dict:
+        meta = {"name": name}
+        if namespace is not None:
+            meta["namespace"] = namespace
+        return {"apiVersion": f"{KWOK_GROUP}/{KWOK_VERSION}", "kind": kind, "metadata": meta, "spec": spec}
+
+    def serve_logs(self, pod: str, namespace: str, logs_file: Path | str,
+                   containers: Sequence[str] | None = None,
+                   previous_logs_file: Path | str | None = None, wait: bool = True,
+                   timeout: float = 30) -> None:
+        """Make the log of ``pod`` (its ``containers``, or all when None) be served from
+        ``logs_file``, which must be in CRI log format (see ``write_cri_log``). A KWOK
+        ``Logs`` object is named after its pod. ``follow`` works: lines appended to the file
+        are streamed. With ``wait`` and a Running pod, returns once the kwok-controller
+        serves it."""
+        entry: dict[str, Any] = {"logsFile": str(logs_file)}
+        if containers:
+            entry["containers"] = list(containers)
+        if previous_logs_file is not None:
+            entry["previousLogsFile"] = str(previous_logs_file)
+        self.apply(self._kwok_object("Logs", pod, namespace, {"logs": [entry]}))
+        if wait:
+            args = ["-n", namespace, "logs", pod, "--limit-bytes=1"]
+            if containers:
+                args += ["-c", containers[0]]
+            self._wait_served(args, timeout, f"logs of {namespace}/{pod}")
+
+    def serve_exec(self, pod: str, namespace: str, work_dir: Path | str,
+                   env: Mapping[str, str] | None = None, containers: Sequence[str] | None = None,
+                   run_as_user: int | None = None, run_as_group: int | None = None,
+                   wait: bool = True, timeout: float = 30) -> None:
+        """Make ``exec`` into ``pod`` run the command ON THIS HOST, in ``work_dir``, with the
+        kwok-controller's environment (that of the pytest process that started the cluster)
+        plus ``env``. With ``wait`` and a Running pod, returns once it is served (probing
+        with ``true``)."""
+        local: dict[str, Any] = {"workDir": str(work_dir)}
+        if env:
+            local["envs"] = [{"name": k, "value": v} for k, v in env.items()]
+        if run_as_user is not None or run_as_group is not None:
+            local["securityContext"] = {
+                k: v for k, v in (("runAsUser", run_as_user), ("runAsGroup", run_as_group)) if v is not None
+            }
+        target: dict[str, Any] = {"local": local}
+        if containers:
+            target["containers"] = list(containers)
+        self.apply(self._kwok_object("Exec", pod, namespace, {"execs": [target]}))
+        if wait:
+            args = ["-n", namespace, "exec", pod]
+            if containers:
+                args += ["-c", containers[0]]
+            self._wait_served([*args, "--", "true"], timeout, f"exec in {namespace}/{pod}")
+
+    def serve_cluster_logs(self, name: str, logs_file: Path | str, *,
+                           match_namespaces: Sequence[str] = (), match_names: Sequence[str] = (),
+                           containers: Sequence[str] | None = None) -> None:
+        """A ``ClusterLogs`` rule: pods selected by namespace and/or name (empty: all pods)
+        serve ``logs_file``. A per-pod ``Logs`` object wins over it."""
+        entry: dict[str, Any] = {"logsFile": str(logs_file)}
+        if containers:
+            entry["containers"] = list(containers)
+        self.apply(self._kwok_object("ClusterLogs", name, None, {
+            "selector": self._selector(match_namespaces, match_names), "logs": [entry]}))
+
+    def serve_cluster_exec(self, name: str, work_dir: Path | str, *,
+                           env: Mapping[str, str] | None = None,
+                           match_namespaces: Sequence[str] = (), match_names: Sequence[str] = (),
+                           containers: Sequence[str] | None = None) -> None:
+        """A ``ClusterExec`` rule: exec into the selected pods runs on this host in ``work_dir``."""
+        local: dict[str, Any] = {"workDir": str(work_dir)}
+        if env:
+            local["envs"] = [{"name": k, "value": v} for k, v in env.items()]
+        target: dict[str, Any] = {"local": local}
+        if containers:
+            target["containers"] = list(containers)
+        self.apply(self._kwok_object("ClusterExec", name, None, {
+            "selector": self._selector(match_namespaces, match_names), "execs": [target]}))
+
+    @staticmethod
+    def _selector(namespaces: Sequence[str], names: Sequence[str]) -> dict[str, Any]:
+        sel: dict[str, Any] = {}
+        if namespaces:
+            sel["matchNamespaces"] = list(namespaces)
+        if names:
+            sel["matchNames"] = list(names)
+        return sel
+
+    def _wait_served(self, args: list[str], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            proc = self.kubectl(*args, check=False, timeout=timeout)
+            if proc.returncode == 0:
+                return
+            last = proc.stderr.strip()
+            # Nothing to wait for on a pod that does not run (yet): the caller checks.
+            if "is waiting to start" in last or ("not found" in last and "pods" in last):
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"{what} not served after {timeout}s: {last}")
+
+
+# --------------------------------------------------------------------------------------
+# Start / stop
+# --------------------------------------------------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended already
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _cluster_pids(cluster_dir: Path) -> list[int]:
+    """The component pids recorded in ``cluster_dir/pids`` whose command line still names
+    ``cluster_dir`` (so a reused pid is never hit)."""
+    pids = []
+    for pid_file in (cluster_dir / "pids").glob("*.pid"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if str(cluster_dir) in cmdline:
+            pids.append(pid)
+    return pids
+
+
+def _end_pids(pids: Sequence[int], grace: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, each pid given (ours only)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _reap_orphans() -> None:
+    """End clusters whose owning pytest process is gone (killed before its teardown)."""
+    if not REGISTRY.is_dir():
+        return
+    for entry in REGISTRY.glob("*.json"):
+        try:
+            info = json.loads(entry.read_text())
+            owner = int(info["owner_pid"])
+            cluster_dir = Path(info["cluster_dir"])
+        except (OSError, ValueError, KeyError):
+            entry.unlink(missing_ok=True)
+            continue
+        if _pid_alive(owner) and owner != os.getpid():
+            continue
+        _end_pids(_cluster_pids(cluster_dir), grace=2.0)
+        entry.unlink(missing_ok=True)
+
+
+def _kwokctl_config(bin_dir: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "options": {
+            "runtime": "binary",
+            # Every component listens on loopback only (kwokctl's default is 0.0.0.0).
+            "bindAddress": "127.0.0.1",
+            "etcdBinary": str(bin_dir / "etcd"),
+            "kubeApiserverBinary": str(bin_dir / "kube-apiserver"),
+            "kubeControllerManagerBinary": str(bin_dir / "kube-controller-manager"),
+            "kubeSchedulerBinary": str(bin_dir / "kube-scheduler"),
+            "kwokControllerBinary": str(bin_dir / "kwok"),
+            "kubectlBinary": str(bin_dir / "kubectl"),
+            "enableCRDs": list(KWOK_CRDS),
+            "quietPull": True,
+        },
+    }
+
+
+def _kwokctl(bin_dir: Path, env: dict[str, str], config: Path, *args: str,
+             timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(bin_dir / "kwokctl"), "-c", str(config), *args],
+                          capture_output=True, text=True, env=env, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
+    try:
+        bin_dir = run_build()
+    except RuntimeError as exc:
+        failure = f"cannot build the test control plane:\n{exc}"
+    else:
+        failure = None
+    if failure:
+        pytest.fail(failure, pytrace=False)
+
+    _reap_orphans()
+    base = tmp_path_factory.mktemp("kwok")
+    name = f"pr-{os.getpid()}-{secrets.token_hex(3)}"
+    workdir = base / "work"
+    kubeconfig = base / "kubeconfig"
+    config = base / "kwokctl.yaml"
+    config.write_text(json.dumps(_kwokctl_config(bin_dir), indent=2))
+    env = dict(os.environ)
+    env.update({
+        "KWOK_WORKDIR": str(workdir),
+        # kwokctl looks kubectl up on PATH before kubectlBinary: make it find ours.
+        "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        "KUBECONFIG": str(kubeconfig),
+    })
+    cluster = KubeCluster(name=name, bin_dir=bin_dir, workdir=workdir,
+                          kubeconfig=kubeconfig, env=env)
+
+    REGISTRY.mkdir(parents=True, exist_ok=True)
+    reg_entry = REGISTRY / f"{name}.json"
+    reg_entry.write_text(json.dumps({"owner_pid": os.getpid(), "cluster_dir": str(cluster.cluster_dir)}))
+
+    # pytest runs teardown on Ctrl-C but not on SIGTERM (a CI timeout, `kill`): turn it into
+    # KeyboardInterrupt for the session so the cluster is still deleted.
+    old_term = signal.getsignal(signal.SIGTERM)
+    if old_term in (signal.SIG_DFL, None):
+        def _on_term(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, _on_term)
+
+    try:
+        started = time.monotonic()
+        proc = _kwokctl(bin_dir, env, config, "create", "cluster", "--name", name,
+                        "--kubeconfig", str(kubeconfig), "--wait", "90s", "--timeout", "150s")
+        if proc.returncode != 0:
+            raise AssertionError(
+                f"kwokctl create cluster failed ({proc.returncode}):\n{proc.stderr[-4000:]}\n"
+                f"{cluster.component_logs() if cluster.cluster_dir.exists() else ''}"
+            )
+        # kwokctl's --wait covers /readyz and the nodes it creates; also make sure the API
+        # answers the kubeconfig we hand out and that the KWOK kinds are served.
+        deadline = time.monotonic() + 60
+        while True:
+            ready = cluster.kubectl("get", "--raw", "/readyz", check=False)
+            kinds = cluster.kubectl("api-resources", f"--api-group={KWOK_GROUP}", "-o", "name",
+                                    check=False)
+            if ready.returncode == 0 and all(
+                f"{k.lower()}" in kinds.stdout for k in ("logs", "clusterlogs", "execs", "clusterexecs")
+            ):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"cluster {name} not ready: {ready.stderr}{kinds.stderr}\n{cluster.component_logs()}")
+            time.sleep(0.3)
+        cluster.startup_seconds = time.monotonic() - started  # type: ignore[attr-defined]
+        yield cluster
+    finally:
+        try:
+            if cluster._api_client is not None:
+                cluster._api_client.close()
+        except Exception:  # noqa: BLE001 - teardown must go on
+            pass
+        pids = _cluster_pids(cluster.cluster_dir)  # read before kwokctl removes the dir
+        try:
+            _kwokctl(bin_dir, env, config, "delete", "cluster", "--name", name,
+                     "--kubeconfig", str(kubeconfig), timeout=60)
+        finally:
+            # Whatever kwokctl did, no component of this cluster outlives the session.
+            _end_pids([p for p in pids if _pid_alive(p)])
+            reg_entry.unlink(missing_ok=True)
+            if signal.getsignal(signal.SIGTERM) is not old_term and old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
