@@ -21,7 +21,7 @@ from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
-from runner.transform import WRITE_TOOLS, _Paths
+from runner.transform import written_paths
 
 
 def store_plan(store: Store, plan: Plan) -> None:
@@ -62,13 +62,9 @@ def corpus_fingerprint(corpus: Path) -> str:
 
 
 def named_write_paths(store: Store, stream_key: str, workspace: str) -> set[str]:
-    paths = _Paths(workspace)
-    named = set()
-    for use in stream.parse(store.iter_lines(stream_key)).tool_uses:
-        target = use.input.get(WRITE_TOOLS.get(use.name, ""))
-        if isinstance(target, str) and (rel := paths.relative(target)) not in (None, "."):
-            named.add(rel)
-    return named
+    """Workspace files the stream's write calls name: collected even if the session left them unchanged."""
+    uses = stream.parse(store.iter_lines(stream_key)).tool_uses
+    return {p for p in written_paths(uses, workspace) if not p.startswith("/") and p != "."}
 
 
 @dataclass

@@ -176,14 +176,19 @@ def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dic
     return calls
 
 
-def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifier: re.Pattern[str], notes: list[str]) -> list[dict]:
+def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:
+    """Each path a structured write call names, once, in order; workspace paths made relative."""
+    paths = _Paths(workspace)
     named: list[str] = []
-    for use in parsed.tool_uses:
+    for use in uses:
         target = use.input.get(WRITE_TOOLS.get(use.name, ""))
-        if isinstance(target, str):
-            shown = paths.show(target)
-            if shown not in named:
-                named.append(shown)
+        if isinstance(target, str) and (shown := paths.show(target)) not in named:
+            named.append(shown)
+    return named
+
+
+def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifier: re.Pattern[str], notes: list[str]) -> list[dict]:
+    named = written_paths(parsed.tool_uses, facts.workspace)
     for path in facts.driver_produced:
         shown = paths.show(path)
         if shown in named:
