@@ -1,0 +1,245 @@
+"""Stream parsing and the transform into one event."""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from pathlib import Path
+
+from runner import digest, stream
+from runner.transform import SessionFacts, transform
+
+FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
+IDENT = re.compile(r"HW-DR-\d{4}")
+DECL = ["current HW-DR-0052", "superseded HW-DR-0052"]
+A_DIGEST = "sha256:" + "1" * 64
+CONFIG = "/session/config"
+
+
+def facts(files=None, **over):
+    files = {"out.md": b"Cites HW-DR-0052.\n"} if files is None else files
+    kw = dict(probe="p1", session="present-001", workspace="/workspace", config_dir=CONFIG,
+              manifest={"a.md": A_DIGEST}, final_file=lambda rel: files.get(rel))
+    kw.update(over)
+    return SessionFacts(**kw)
+
+
+def lines_of(objs, newline_last=True):
+    out = [(json.dumps(o) + "\n").encode() for o in objs]
+    if not newline_last:
+        out[-1] = out[-1].rstrip(b"\n")
+    return out
+
+
+INIT = {"type": "system", "subtype": "init", "cwd": "/workspace", "permissionMode": "dontAsk", "plugins": [],
+        "mcp_servers": [], "skills": [], "memory_paths": {"auto": CONFIG + "/projects/x/memory/"}}
+
+
+def asst(*blocks, model="m-1"):
+    return {"type": "assistant", "message": {"model": model, "content": list(blocks)}, "parent_tool_use_id": None}
+
+
+def use(tid, name, **inp):
+    return {"type": "tool_use", "id": tid, "name": name, "input": inp}
+
+
+def res(tid, content, is_error=None):
+    b = {"type": "tool_result", "tool_use_id": tid, "content": content}
+    if is_error is not None:
+        b["is_error"] = is_error
+    return {"type": "user", "message": {"content": [b]}}
+
+
+def result(text="HW-DR-0052 current", subtype="success", is_error=False, cost="0.1"):
+    return {"type": "result", "subtype": subtype, "is_error": is_error, "result": text, "total_cost_usd": cost}
+
+
+def raw_result(cost_literal="0.1", text="done\\ncurrent HW-DR-0052"):
+    return ('{"type":"result","subtype":"success","is_error":false,"result":"%s","total_cost_usd":%s}\n' % (text, cost_literal)).encode()
+
+
+def parse_objs(objs, **kw):
+    return stream.parse(lines_of(objs, **kw))
+
+
+def test_fixture_parses_and_transforms_to_complete_event():
+    with open(FIXTURE, "rb") as f:
+        parsed = stream.parse(f)
+    assert parsed.problems == []
+    assert parsed.complete
+    assert parsed.cost_usd == Decimal("0.003")
+    assert parsed.served_models == ["claude-opus-4-8-20261101"]
+    out = transform(parsed, facts(), DECL, IDENT)
+    assert out.refusals == []
+    assert out.event == {
+        "probe": "p1",
+        "session": "present-001",
+        "calls": [
+            {"tool": "Read", "argument": "a.md", "result": A_DIGEST},
+            {"tool": "Write", "argument": "out.md", "result": digest.of_text(
+                "File created successfully at: /workspace/out.md (file state is current in your context \u2014 no need to Read it back)")},
+        ],
+        "produced": [{"path": "out.md", "result": digest.of_bytes(b"Cites HW-DR-0052.\n"), "cites": ["HW-DR-0052"]}],
+        "answer": "current HW-DR-0052",
+    }
+    assert "findings" not in out.event["produced"][0]
+    assert out.outside_paths == []
+    assert out.cost_usd == Decimal("0.003")
+
+
+def test_no_result_line_refused():
+    parsed = parse_objs([INIT, asst({"type": "text", "text": "hi"})])
+    assert any("no result line" in p for p in parsed.problems)
+    out = transform(parsed, facts(), DECL, IDENT)
+    assert out.event is None
+    assert any("no result line" in r for r in out.refusals)
+
+
+def test_truncated_last_line():
+    lines = lines_of([INIT, result()])
+    lines.append(b'{"type":"assistant","mess')
+    parsed = stream.parse(lines)
+    assert any("truncated" in p and "line 3" in p for p in parsed.problems)
+    assert transform(parsed, facts(), DECL, IDENT).event is None
+
+
+def test_truncated_stream_without_result():
+    lines = lines_of([INIT])
+    lines.append(b'{"type":"res')
+    parsed = stream.parse(lines)
+    assert any("truncated" in p for p in parsed.problems)
+    assert any("no result line" in p for p in parsed.problems)
+
+
+def test_invalid_utf8_line():
+    lines = lines_of([INIT])
+    lines.append(b'{"type":"system","subtype":"x","t":"\xff\xfe"}\n')
+    lines += lines_of([result()])
+    parsed = stream.parse(lines)
+    assert parsed.problems == ["line 2 is not valid UTF-8"]
+    assert transform(parsed, facts(), DECL, IDENT).event is None
+
+
+def test_second_init_line():
+    parsed = parse_objs([INIT, INIT, result()])
+    assert parsed.problems == ["line 2 is a second init line"]
+
+
+def test_assistant_after_result():
+    parsed = parse_objs([INIT, result(), asst({"type": "text", "text": "late"})])
+    assert parsed.problems == ["line 3 (assistant) comes after the result line"]
+    assert transform(parsed, facts(), DECL, IDENT).event is None
+
+
+def test_tool_result_for_unknown_id():
+    parsed = parse_objs([INIT, res("toolu_zz", "x"), result()])
+    assert len(parsed.problems) == 1 and "toolu_zz" in parsed.problems[0]
+
+
+def test_no_init_line():
+    parsed = parse_objs([asst({"type": "text", "text": "hi"}), result()])
+    assert any("no init line" in p for p in parsed.problems)
+    assert transform(parsed, facts(), DECL, IDENT).event is None
+
+
+def test_result_is_error_refused():
+    parsed = parse_objs([INIT, result(subtype="success", is_error=True, text="API Error: 500")])
+    assert parsed.problems == []
+    out = transform(parsed, facts(), DECL, IDENT)
+    assert out.event is None
+    assert len(out.refusals) == 1 and "harness reported an error" in out.refusals[0]
+
+
+def test_error_during_execution_refused():
+    parsed = parse_objs([INIT, {"type": "result", "subtype": "error_during_execution", "is_error": True}])
+    out = transform(parsed, facts(), DECL, IDENT)
+    assert out.event is None and out.refusals
+
+
+def test_error_max_turns_gives_event_with_null_answer():
+    parsed = parse_objs([INIT, {"type": "result", "subtype": "error_max_turns", "is_error": False, "total_cost_usd": 0.5}])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.refusals == []
+    assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": None}
+
+
+def test_no_tool_calls():
+    parsed = parse_objs([INIT, asst({"type": "text", "text": "HW-DR-0052 superseded"}), result(text="HW-DR-0052 superseded")])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": "superseded HW-DR-0052"}
+
+
+def test_no_declared_answers_gives_no_answer_key():
+    parsed = parse_objs([INIT, result()])
+    out = transform(parsed, facts(files={}), [], IDENT)
+    assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": []}
+
+
+def test_artifacts_not_collected_gives_no_produced_key():
+    parsed = parse_objs([INIT, asst(use("t1", "Write", file_path="/workspace/x.md", content="c")), res("t1", "ok"), result()])
+    out = transform(parsed, facts(artifacts_collected=False), DECL, IDENT)
+    assert out.event == {"probe": "p1", "session": "present-001",
+                         "calls": [{"tool": "Write", "argument": "x.md", "result": digest.of_text("ok")}],
+                         "answer": "current HW-DR-0052"}
+
+
+def test_call_without_result_has_no_result_key():
+    parsed = parse_objs([INIT, asst(use("t1", "Grep", pattern="HW-DR")), result()])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.event["calls"] == [{"tool": "Grep", "argument": "HW-DR"}]
+
+
+def test_read_after_write_uses_content_digest_not_manifest():
+    parsed = parse_objs([INIT,
+                         asst(use("t1", "Write", file_path="/workspace/a.md", content="new")), res("t1", "ok"),
+                         asst(use("t2", "Read", file_path="/workspace/a.md")), res("t2", "1\tnew"),
+                         result()])
+    out = transform(parsed, facts(files={"a.md": b"new"}), DECL, IDENT)
+    assert out.event["calls"][1] == {"tool": "Read", "argument": "a.md", "result": digest.of_text("1\tnew")}
+
+
+def test_list_result_content_digest_is_canonical_json():
+    content = [{"type": "text", "text": "x"}]
+    parsed = parse_objs([INIT, asst(use("t1", "Bash", command="ls /workspace/docs")), res("t1", content), result()])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.event["calls"] == [{"tool": "Bash", "argument": "ls docs",
+                                   "result": digest.of_bytes(b'[{"text":"x","type":"text"}]')}]
+
+
+def test_outside_workspace_paths_counted():
+    parsed = parse_objs([INIT,
+                         asst(use("t1", "Read", file_path="/etc/passwd"), use("t2", "Bash", command="cat /root/x"),
+                              use("t3", "Read", file_path="/workspace/a.md")),
+                         res("t1", "root:x"), res("t2", "nope"), res("t3", "doc"),
+                         result()])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.outside_paths == ["/etc/passwd", "/root/x"]
+    assert out.event["calls"][0] == {"tool": "Read", "argument": "/etc/passwd", "result": digest.of_text("root:x")}
+    assert out.event["calls"][2] == {"tool": "Read", "argument": "a.md", "result": A_DIGEST}
+
+
+def test_cost_is_exact_decimal_of_literal():
+    lines = lines_of([INIT]) + [raw_result("0.30000000000000004441")]
+    parsed = stream.parse(lines)
+    assert parsed.problems == []
+    assert parsed.cost_usd == Decimal("0.30000000000000004441")
+    assert str(parsed.cost_usd) == "0.30000000000000004441"
+
+
+def test_cost_exact_for_float_literal_short():
+    parsed = stream.parse(lines_of([INIT]) + [raw_result("0.1234567")])
+    assert parsed.cost_usd == Decimal("0.1234567")
+
+
+def test_repeated_identical_result_line_is_a_note():
+    parsed = parse_objs([INIT, result(), result()])
+    assert parsed.problems == []
+    assert parsed.notes
+
+
+def test_init_refusal_propagates():
+    init = dict(INIT, permissionMode="bypassPermissions")
+    out = transform(parse_objs([init, result()]), facts(files={}), DECL, IDENT)
+    assert out.event is None
+    assert any("bypassPermissions" in r for r in out.refusals)

@@ -1,0 +1,133 @@
+"""Transcript render/parse and intake's confirmations."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from runner.intake import confirm
+from runner.transcript import TranscriptError, parse, render
+
+LOCK = "sha256:" + "b" * 64
+D = "sha256:" + "c" * 64
+
+
+def identity(**over):
+    d = {"model": "claude-x", "served_version": "claude-x-2026", "tree": D, "lock": LOCK, "selection": D,
+         "read_set": D, "seed": 7, "harness": "claude-code 2.1.197", "tier": "regression", "arm": "present",
+         "at": "2026-12-02T11:00:00Z", "cost_cents": 12}
+    d.update(over)
+    return d
+
+
+def events():
+    return [
+        {"probe": "p1", "session": "present-001",
+         "calls": [{"tool": "Read", "argument": "a.md", "result": D}, {"tool": "Grep", "argument": "HW-DR"}],
+         "produced": [{"path": "out.md", "result": D, "cites": ["HW-DR-0052"]}],
+         "answer": "current HW-DR-0052"},
+        {"probe": "p2", "session": "present-001", "calls": [], "produced": [], "answer": None},
+    ]
+
+
+def text(ident=None, evs=None):
+    return render({"campaign": "c1"}, "Transcript", ["Some prose.", "More prose."],
+                  identity() if ident is None else ident, events() if evs is None else evs)
+
+
+def test_roundtrip_exact():
+    t = parse(text())
+    assert t.identity == identity()
+    assert t.events == events()
+    assert t.front["kind"] == "probe_transcript" and t.front["campaign"] == "c1"
+
+
+def test_roundtrip_empty_events():
+    t = parse(text(evs=[]))
+    assert t.events == []
+
+
+def test_confirm_accepts_good():
+    r = confirm(text(), LOCK, {"p1", "p2"})
+    assert r.refusal is None
+    assert r.dropped == []
+    assert r.events == events()
+
+
+def test_wrong_lock_refused():
+    r = confirm(text(), "sha256:" + "d" * 64, {"p1", "p2"})
+    assert r.refusal and r.refusal.startswith("taxonomy")
+
+
+@pytest.mark.parametrize("key", ["model", "served_version", "tree", "selection", "read_set", "seed", "harness", "tier", "arm", "at", "cost_cents"])
+def test_missing_identity_key_refused(key):
+    ident = identity()
+    del ident[key]
+    r = confirm(text(ident=ident), LOCK, {"p1", "p2"})
+    assert r.refusal and r.refusal.startswith("identity") and key in r.refusal
+
+
+def test_extra_identity_key_refused():
+    r = confirm(text(ident=identity(notes="hello")), LOCK, {"p1", "p2"})
+    assert r.refusal and "no prose" in r.refusal and "notes" in r.refusal
+
+
+def test_extra_event_key_refused():
+    evs = events()
+    evs[0]["reasoning"] = "because"
+    r = confirm(text(evs=evs), LOCK, {"p1", "p2"})
+    assert r.refusal and "no prose" in r.refusal and "reasoning" in r.refusal
+
+
+def test_extra_call_key_refused():
+    evs = events()
+    evs[0]["calls"][1]["why"] = "x"
+    r = confirm(text(evs=evs), LOCK, {"p1", "p2"})
+    assert r.refusal and "calls[1]" in r.refusal and "why" in r.refusal
+
+
+def test_extra_produced_key_refused():
+    evs = events()
+    evs[0]["produced"][0]["reasoning"] = "x"
+    r = confirm(text(evs=evs), LOCK, {"p1", "p2"})
+    assert r.refusal and "produced[0]" in r.refusal and "reasoning" in r.refusal
+
+
+def test_findings_is_allowed_in_produced():
+    evs = events()
+    evs[0]["produced"][0]["findings"] = []
+    assert confirm(text(evs=evs), LOCK, {"p1", "p2"}).refusal is None
+
+
+@pytest.mark.parametrize("cost", [1.5, "3", -1, True])
+def test_cost_cents_not_whole_refused(cost):
+    r = confirm(text(ident=identity(cost_cents=cost)), LOCK, {"p1", "p2"})
+    assert r.refusal and r.refusal.startswith("realized cost")
+
+
+def test_cost_cents_zero_ok():
+    assert confirm(text(ident=identity(cost_cents=0)), LOCK, {"p1", "p2"}).refusal is None
+
+
+def test_unknown_probe_dropped_others_stay():
+    r = confirm(text(), LOCK, {"p1"})
+    assert r.refusal is None
+    assert r.events == [events()[0]]
+    assert len(r.dropped) == 1
+    assert r.dropped[0]["probe"] == "p2" and r.dropped[0]["session"] == "present-001"
+    assert r.dropped[0]["reason"].startswith("membership")
+
+
+def test_second_fenced_block_under_events_refused():
+    t = text().rstrip("\n") + "\n\n```yaml\n- probe: p1\n  session: x\n```\n"
+    with pytest.raises(TranscriptError):
+        parse(t)
+    r = confirm(t, LOCK, {"p1", "p2"})
+    assert r.refusal and r.refusal.startswith("format") and "Events" in r.refusal
+
+
+def test_missing_heading_refused():
+    t = text().replace("## Run identity", "## Identity")
+    r = confirm(t, LOCK, {"p1", "p2"})
+    assert r.refusal and "Run identity" in r.refusal
