@@ -73,7 +73,10 @@ class SessionOutcome:
 class _Paths:
     def __init__(self, workspace: str):
         self.ws = PurePosixPath(workspace)
-        self.prefix = workspace.rstrip("/") + "/"
+        base = re.escape(workspace.rstrip("/"))
+        # Only whole path words: /workspace2 and /home/workspace/x are other paths.
+        self._inside = re.compile(r"(?<![\w./~-])" + base + "/")
+        self._bare = re.compile(r"(?<![\w./~-])" + base + r"(?![\w./-])")
 
     def relative(self, path: str) -> str | None:
         """The workspace-relative form of a path inside the workspace, else None."""
@@ -95,7 +98,7 @@ class _Paths:
         return None
 
     def strip(self, text: str) -> str:
-        return text.replace(self.prefix, "").replace(self.prefix.rstrip("/"), ".")
+        return self._bare.sub(".", self._inside.sub("", text))
 
     def show(self, path: str) -> str:
         rel = self.relative(path)
@@ -128,7 +131,8 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
     found: list[str] = []
 
     def add(candidate: str) -> None:
-        if (candidate.startswith("/") or candidate.startswith("~")) and paths.relative(candidate) is None:
+        # A ~ path names the home directory, which is never the workspace.
+        if candidate.startswith("~") or (candidate.startswith("/") and paths.relative(candidate) is None):
             if candidate not in found:
                 found.append(candidate)
 
@@ -149,7 +153,8 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
 
 
 def cites_of(data: bytes, identifier: re.Pattern[str]) -> list[str]:
-    return sorted(set(identifier.findall(data.decode("utf-8", "replace"))))
+    # the whole match: findall would return a capturing group of the pattern instead
+    return sorted({m.group(0) for m in identifier.finditer(data.decode("utf-8", "replace"))})
 
 
 def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dict]:

@@ -243,3 +243,24 @@ def test_init_refusal_propagates():
     out = transform(parse_objs([init, result()]), facts(files={}), DECL, IDENT)
     assert out.event is None
     assert any("bypassPermissions" in r for r in out.refusals)
+
+
+def test_cites_with_capturing_group_in_identifier_pattern():
+    # a plan may declare an identifier pattern with a group; cites must still be whole identifiers
+    ident = re.compile(r"HW-(DR|OBL)-\d{4}")
+    parsed = parse_objs([INIT, asst(use("t1", "Write", file_path="/workspace/out.md", content="c")), res("t1", "ok"), result()])
+    out = transform(parsed, facts(files={"out.md": b"Cites HW-DR-0052 and HW-OBL-0124.\n"}), DECL, ident)
+    assert out.event["produced"][0]["cites"] == ["HW-DR-0052", "HW-OBL-0124"]
+
+
+def test_tilde_path_in_bash_counted_as_outside():
+    parsed = parse_objs([INIT, asst(use("t1", "Bash", command="cat ~/.ssh/id_rsa")), res("t1", "x"), result()])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.outside_paths == ["~/.ssh/id_rsa"]
+
+
+def test_sibling_directory_with_workspace_prefix_not_rewritten():
+    parsed = parse_objs([INIT, asst(use("t1", "Bash", command="ls /workspace2/x /workspace/docs")), res("t1", "x"), result()])
+    out = transform(parsed, facts(files={}), DECL, IDENT)
+    assert out.event["calls"][0]["argument"] == "ls /workspace2/x docs"
+    assert out.outside_paths == ["/workspace2/x"]

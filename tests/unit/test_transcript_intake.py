@@ -131,3 +131,10 @@ def test_missing_heading_refused():
     t = text().replace("## Run identity", "## Identity")
     r = confirm(t, LOCK, {"p1", "p2"})
     assert r.refusal and "Run identity" in r.refusal
+
+
+def test_roundtrip_tricky_scalars():
+    evs = [{"probe": "0052", "session": "present-001", "calls": [{"tool": "Bash", "argument": "echo: yes # no", "result": D}],
+            "produced": [{"path": "null", "result": D, "cites": ["on", "1e3"]}], "answer": "no"}]
+    t = parse(text(evs=evs))
+    assert t.events == evs

@@ -1,0 +1,99 @@
+"""The pure builders of the local executor."""
+
+from __future__ import annotations
+
+from pydantic import SecretStr
+
+from runner.executors.local import HARNESS_PATH, bwrap_args, harness_argv, harness_env
+from runner.plan import parse_plan
+from runner.settings import HarnessSettings, ProviderSettings, Settings
+
+D = "sha256:" + "a" * 64
+
+
+def plan():
+    return parse_plan({
+        "campaign": "c1", "tier": "regression", "model": "claude-x",
+        "identity": {"lock": D, "tree": D, "selection": D, "read_set": D, "seed": 1, "harness": "h"},
+        "arms": ["present"], "repetitions": 1, "identifier_pattern": r"HW-DR-\d{4}",
+        "probes": [{"id": "p1", "path": "docs/probes/p1.md", "title": "T", "task": "SECRET TASK TEXT please answer"}],
+    })
+
+
+def settings(**kw):
+    return Settings(store="file:///tmp/x", **kw)
+
+
+def test_bwrap_args_complete():
+    sib = ["--symlink", "usr/bin", "/bin", "--ro-bind", "/lib64", "/lib64"]
+    got = bwrap_args("/usr/bin/bwrap", "/opt/claude/cli", "/w/ws", "/w/cfg", "/w/log", sib)
+    assert got == [
+        "/usr/bin/bwrap",
+        "--unshare-all", "--share-net",
+        "--die-with-parent", "--new-session",
+        "--ro-bind", "/usr", "/usr",
+        "--ro-bind", "/etc", "/etc",
+        "--symlink", "usr/bin", "/bin", "--ro-bind", "/lib64", "/lib64",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--tmpfs", "/tmp",
+        "--ro-bind", "/opt/claude/cli", HARNESS_PATH,
+        "--bind", "/w/ws", "/w/ws",
+        "--bind", "/w/log", "/w/log",
+        "--bind", "/w/cfg", "/w/cfg",
+        "--chdir", "/w/ws",
+        "--",
+    ]
+
+
+def test_harness_argv_flags():
+    s = settings(harness=HarnessSettings(allowed_tools=["Read", "Grep"], disallowed_tools=["WebFetch"]))
+    argv = harness_argv(plan(), s)
+    assert argv == [
+        HARNESS_PATH, "-p",
+        "--output-format", "stream-json", "--verbose",
+        "--setting-sources", "project,local",
+        "--permission-mode", "dontAsk",
+        "--model", "claude-x",
+        "--allowedTools", "Read", "Grep",
+        "--disallowedTools", "WebFetch",
+    ]
+    joined = " ".join(argv)
+    assert "SECRET TASK TEXT" not in joined
+    assert "bypassPermissions" not in joined
+    assert "--dangerously-skip-permissions" not in argv
+
+
+def test_harness_argv_default_tools_and_max_turns():
+    s = settings(harness=HarnessSettings(max_turns=5))
+    argv = harness_argv(plan(), s)
+    i = argv.index("--allowedTools")
+    j = argv.index("--disallowedTools")
+    assert argv[i + 1:j] == ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash"]
+    assert argv[j + 1:] == ["WebSearch", "WebFetch", "--max-turns", "5"]
+    assert "please answer" not in " ".join(argv)
+
+
+EXPECTED_KEYS = {"PATH", "HOME", "CLAUDE_CONFIG_DIR", "TMPDIR", "LANG", "PROBE_LOG_DIR", "ANTHROPIC_BASE_URL",
+                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_AUTOUPDATER"}
+
+
+def test_harness_env_closed_set_and_base_url(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "leak")
+    monkeypatch.setenv("SOME_HOST_VAR", "leak")
+    s = settings(provider=ProviderSettings(base_url="https://proxy.example:8443"))
+    env = harness_env(s, "/w/cfg", "/w/log")
+    assert set(env) == EXPECTED_KEYS
+    assert env["ANTHROPIC_BASE_URL"] == "https://proxy.example:8443"
+    assert env["HOME"] == "/w/cfg" and env["CLAUDE_CONFIG_DIR"] == "/w/cfg"
+    assert env["PROBE_LOG_DIR"] == "/w/log"
+    assert "leak" not in env.values()
+
+
+def test_harness_env_api_key_and_extra():
+    s = settings(provider=ProviderSettings(api_key=SecretStr("sk-test")),
+                 harness=HarnessSettings(env={"CLAUDE_CODE_MAX_RETRIES": "3"}))
+    env = harness_env(s, "/c", "/l")
+    assert set(env) == EXPECTED_KEYS | {"ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_RETRIES"}
+    assert env["ANTHROPIC_API_KEY"] == "sk-test"
+    assert env["ANTHROPIC_BASE_URL"] == "https://api.anthropic.com"
