@@ -27,20 +27,24 @@ class IntakeResult:
     events: list[dict] = field(default_factory=list)
 
 
-def _unknown(keys: object, allowed: tuple[str, ...]) -> list[str]:
-    return sorted(str(k) for k in keys if k not in allowed)  # type: ignore[union-attr]
+def _closed(obj: object, allowed: tuple[str, ...], where: str) -> str | None:
+    """Why ``obj`` is not a mapping holding only its closed key set, or None."""
+    if not isinstance(obj, dict):
+        return f"{where} is not a mapping"
+    extra = sorted(str(k) for k in obj if k not in allowed)
+    if extra:
+        return f"{where} carries key(s) outside its closed set: {', '.join(extra)}"
+    return None
 
 
 def _check_prose(identity: dict, events: list) -> str | None:
-    extra = _unknown(identity, RUN_IDENTITY_KEYS)
-    if extra:
-        return f"run identity carries key(s) outside its closed set: {', '.join(extra)}"
+    problem = _closed(identity, RUN_IDENTITY_KEYS, "run identity")
+    if problem:
+        return problem
     for i, event in enumerate(events):
-        if not isinstance(event, dict):
-            return f"event {i} is not a mapping"
-        extra = _unknown(event, EVENT_KEYS)
-        if extra:
-            return f"event {i} carries key(s) outside its closed set: {', '.join(extra)}"
+        problem = _closed(event, EVENT_KEYS, f"event {i}")
+        if problem:
+            return problem
         for name, allowed in (("calls", CALL_KEYS), ("produced", PRODUCED_KEYS)):
             if name not in event:
                 continue
@@ -48,11 +52,9 @@ def _check_prose(identity: dict, events: list) -> str | None:
             if not isinstance(items, list):
                 return f"event {i}: {name} is not a list"
             for j, item in enumerate(items):
-                if not isinstance(item, dict):
-                    return f"event {i}: {name}[{j}] is not a mapping"
-                extra = _unknown(item, allowed)
-                if extra:
-                    return f"event {i}: {name}[{j}] carries key(s) outside its closed set: {', '.join(extra)}"
+                problem = _closed(item, allowed, f"event {i}: {name}[{j}]")
+                if problem:
+                    return problem
         if "answer" in event and event["answer"] is not None and not isinstance(event["answer"], str):
             return f"event {i}: answer is neither a string nor null"
     return None
