@@ -77,6 +77,42 @@ class S3Settings(BaseModel):
     backoff_seconds: float = Field(0.5, ge=0, description="First retry delay in seconds, doubled per attempt up to 10 s. Default: 0.5.")
 
 
+class ResourceSettings(BaseModel):
+    cpu_request: str = Field("500m", description="CPU request of the harness container (Kubernetes quantity). Default: 500m.")
+    memory_request: str = Field("1Gi", description="Memory request of the harness container (quantity). Default: 1Gi.")
+    cpu_limit: str = Field("2", description="CPU limit of the harness container (quantity). Default: 2.")
+    memory_limit: str = Field("4Gi", description="Memory limit of the harness container (quantity). Default: 4Gi.")
+    ephemeral_storage_limit: str = Field("2Gi", description="Ephemeral-storage limit per container (quantity); bounds the workspace and capture volumes. Default: 2Gi.")
+
+
+class KubeSettings(BaseModel):
+    namespace: str = Field("probe-runner", description="Namespace of session pods (the controller's own). Default: probe-runner.")
+    instance: str = Field("probe-runner", description="Install name (app.kubernetes.io/instance, the Helm release); selects this install's pods and policies. Default: probe-runner.")
+    kubeconfig: Path | None = Field(None, description="Kubeconfig file for a workstation run; in a pod the service account is used. Default: $KUBECONFIG or ~/.kube/config, else in-cluster.")
+    context: str | None = Field(None, description="Kubeconfig context. Default: the current one.")
+    harness_image: str = Field("ghcr.io/probe-runner/harness:0.1.0", description="Image of the harness container (Claude Code CLI and the session entry point). Default: ghcr.io/probe-runner/harness:0.1.0.")
+    reader_image: str = Field("ghcr.io/probe-runner/runner:0.1.0", description="Image of the capture reader container (the runner package). Default: ghcr.io/probe-runner/runner:0.1.0.")
+    image_pull_policy: str = Field("IfNotPresent", description="imagePullPolicy of session containers. Default: IfNotPresent.")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets for session pods. Default: none.")
+    credentials_secret: str | None = Field(None, description="Secret holding the provider credentials: key api-key (ANTHROPIC_API_KEY) and/or credentials.json (copied into the session's configuration directory). Default: none.")
+    proxy_url: str = Field("http://probe-runner-egress-proxy:3128", description="HTTPS_PROXY of the harness: the egress proxy Service. Default: http://probe-runner-egress-proxy:3128.")
+    harness_uid: int = Field(10001, ge=1, description="uid and gid the harness (and every process of the session) runs as. Default: 10001.")
+    reader_uid: int = Field(10002, ge=1, description="uid and gid of the capture reader; differs from harness_uid so the session cannot reach it. Default: 10002.")
+    runtime_class: str | None = Field(None, description="runtimeClassName of session pods (e.g. gvisor). Default: unset (the cluster's default runtime).")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of session pods. Default: none.")
+    tolerations: list[dict] = Field(default_factory=list, description="tolerations of session pods (Kubernetes Toleration objects). Default: none.")
+    spread_max_skew: int | None = Field(1, ge=1, description="maxSkew of a topology spread of session pods over kubernetes.io/hostname (ScheduleAnyway); null turns it off. Default: 1.")
+    resources: ResourceSettings = Field(default_factory=ResourceSettings)
+    create_concurrency: int = Field(8, ge=1, description="Pod creations in flight at once. Default: 8.")
+    delete_concurrency: int = Field(8, ge=1, description="Pod deletions in flight at once, a separate limit so clean-up never waits behind creation. Default: 8.")
+    api_attempts: int = Field(6, ge=1, description="Attempts per Kubernetes API call for transient errors (5xx, 429, connection errors). Default: 6.")
+    api_backoff_seconds: float = Field(0.5, ge=0, description="First API retry delay in seconds, doubled per attempt up to 10 s. Default: 0.5.")
+    start_timeout_seconds: float = Field(600.0, gt=0, description="Time a pod may take from creation to a running reader (scheduling, image pull), in seconds; then it is deleted and the session retried (nothing was spent). Default: 600.")
+    transfer_chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096, description="Bytes per exec transfer of the stream; transfers are short, resumed by offset and verified. Default: 4 MiB.")
+    transfer_timeout_seconds: float = Field(60.0, gt=0, description="Limit of one exec transfer, in seconds; a stalled transfer is abandoned and resumed from its offset. Default: 60.")
+    watch_timeout_seconds: int = Field(300, ge=10, description="Server-side timeout of one pod watch, in seconds; the watch is then resumed from its resourceVersion. Default: 300.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNNER_", env_nested_delimiter="__", extra="ignore")
 
@@ -90,6 +126,7 @@ class Settings(BaseSettings):
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
+    kube: KubeSettings = Field(default_factory=KubeSettings)
 
 
 def load_settings(**overrides: object) -> Settings:
