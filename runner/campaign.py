@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from runner import digest, layout, stream
-from runner.errors import SealError, UserError
+from runner.errors import NotStarted, SealError, SessionInterrupted, UserError
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
@@ -98,26 +98,31 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
     corpus_digest = corpus_fingerprint(corpus)
     states = ledger.sessions()
     report = RunReport()
-    todo: list[tuple[SessionSpec, int]] = []
+    todo: list[tuple[SessionSpec, int, bool]] = []
+    executor.preflight()
+    final = {(spec.probe, spec.name, st.attempt) for spec in plan.sessions()
+             if (st := states.get(spec.key)) and st.status not in ("pending", "intended", "started")}
+    live = executor.prepare(plan, final) if hasattr(executor, "prepare") else set()
     for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
         if resume and spec.key in resume:
-            todo.append((spec, st.attempt + 1))
+            todo.append((spec, st.attempt + 1, False))
         elif status == "pending":
-            todo.append((spec, 1))
+            todo.append((spec, 1, False))
         elif status == "intended":
-            todo.append((spec, st.attempt))  # journaled but never started: nothing was spent
+            todo.append((spec, st.attempt, False))  # journaled but never started: nothing was spent
+        elif status == "started" and (spec.probe, spec.name, st.attempt) in live:
+            todo.append((spec, st.attempt, True))  # its pod outlived a restart: finish capturing it
         elif status == "started":
             report.interrupted.append(spec.key)
         else:
             report.skipped[spec.key] = status
-    executor.preflight()
     progress = Progress(total=len(todo), out=progress_out)
 
-    def one(item: tuple[SessionSpec, int]) -> None:
-        spec, attempt = item
-        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced)
+    def one(item: tuple[SessionSpec, int, bool]) -> None:
+        spec, attempt, adopt = item
+        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced, adopt)
         report.ran.append(spec.key)
         progress.session(spec, status, cost)
 
@@ -128,12 +133,15 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
 
 
 def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, workdir: Path, spec: SessionSpec,
-            attempt: int, corpus_digest: str, produced: list[str]) -> tuple[str, Decimal | None]:
+            attempt: int, corpus_digest: str, produced: list[str], adopt: bool = False) -> tuple[str, Decimal | None]:
+    """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
+    restarted controller finishes capturing it instead of starting it again)."""
     decl = declaration(plan, spec, corpus_digest)
     current = ledger.state(spec.key)
     if attempt > 1 and current.declaration is not None and current.declaration != decl:
         raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
-    ledger.intent(spec.key, attempt, decl)
+    if not adopt:
+        ledger.intent(spec.key, attempt, decl)
     keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt)
     scratch = workdir / plan.campaign / spec.probe / f"{spec.name}.{attempt}"
     if scratch.exists():
@@ -146,15 +154,26 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
             ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
             return "refused (workspace could not be sealed)", None
         store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
-        ledger.start(spec.key, attempt)
 
-        def also(k: layout.SessionKeys) -> set[str]:
-            return named_write_paths(store, k.stream, str(sealed.path)) | {p for p in produced}
+        def also(k: layout.SessionKeys, workspace: str) -> set[str]:
+            return named_write_paths(store, k.stream, workspace) | set(produced)
+
+        def started() -> None:
+            ledger.start(spec.key, attempt)
 
         try:
-            record = executor.run(plan, probe, sealed, scratch, store, keys, also)
+            record = executor.run(plan, probe, sealed, scratch, store, keys, also, started)
+        except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
+            return f"not started ({e})", None
+        except SessionInterrupted as e:
+            ledger.outcome(spec.key, attempt, "interrupted", e.detail)
+            _finish(executor, keys)
+            return f"interrupted ({e})", None
         except Exception as e:  # the harness may have spent: record what is known, never retry by itself
+            if ledger.state(spec.key).status == "intended":  # it failed before the harness could start
+                return f"not started ({type(e).__name__}: {e})", None
             ledger.outcome(spec.key, attempt, "failed", {"reason": f"{type(e).__name__}: {e}"})
+            _finish(executor, keys)
             return f"failed ({type(e).__name__}: {e})", None
         record["driver_produced"] = list(produced)
         store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
@@ -162,6 +181,13 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
         status = "failed" if record["timed_out"] else "succeeded"
         ledger.outcome(spec.key, attempt, status, {"stream": record["stream"], "exit_code": record["exit_code"],
                                                     "timed_out": record["timed_out"]})
+        _finish(executor, keys)
         return status, parsed.cost_usd
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _finish(executor, keys: layout.SessionKeys) -> None:
+    """The outcome is journaled: let the executor release what the session held (its pod)."""
+    if hasattr(executor, "finish"):
+        executor.finish(keys)

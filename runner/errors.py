@@ -24,3 +24,17 @@ class ConfinementError(UserError):
 
 class SealError(UserError):
     """A workspace cannot be sealed for a (probe, arm); the session must not run."""
+
+
+class NotStarted(Exception):
+    """A session's harness never ran (e.g. its pod was never scheduled): nothing was spent, so
+    the session stays intended and the next run starts it."""
+
+
+class SessionInterrupted(Exception):
+    """A session was cut off after its harness could have started; ``detail`` (journaled with
+    the interrupted outcome) says what was kept of its stream."""
+
+    def __init__(self, reason: str, detail: dict):
+        super().__init__(reason)
+        self.detail = detail

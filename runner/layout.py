@@ -54,6 +54,11 @@ class SessionKeys:
         return f"{self.prefix}/stream.jsonl"
 
     @property
+    def partial_stream(self) -> str:
+        """What could be kept of a stream that cannot be proven complete (never the stream)."""
+        return f"{self.prefix}/stream.incomplete.jsonl"
+
+    @property
     def stderr(self) -> str:
         return f"{self.prefix}/stderr.log"
 

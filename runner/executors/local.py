@@ -152,7 +152,7 @@ class LocalExecutor:
         self.harness_version = done.stdout.decode(errors="replace").strip()
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect) -> dict:
+            also_collect, started) -> dict:
         """Run one session; returns its capture record (the stream is in the store)."""
         s = self.settings
         assert self.harness is not None, "preflight() first"
@@ -165,6 +165,7 @@ class LocalExecutor:
             target.chmod(0o600)
         workspace = str(sealed.path)
         args = bwrap_args(shutil.which(s.local.bwrap) or s.local.bwrap, self.harness, workspace, str(config_dir), str(log_dir), root_siblings())
+        started()  # journaled before the harness can run
         started_at = now()
         timed_out = threading.Event()
         try:
@@ -198,7 +199,7 @@ class LocalExecutor:
             (config_dir / ".credentials.json").unlink(missing_ok=True)
         ended_at = now()
         store.put(keys.stderr, (scratch / "stderr.log").read_bytes())
-        collected = collect_workspace(sealed.path, sealed.manifest, also_collect(keys), store, keys)
+        collected = collect_workspace(sealed.path, sealed.manifest, also_collect(keys, workspace), store, keys)
         for f in log_dir.rglob("*"):
             if f.is_file() and not f.is_symlink():
                 store.put(f"{keys.prefix}/log/{f.relative_to(log_dir).as_posix()}", f.read_bytes())

@@ -1,0 +1,326 @@
+"""The Kubernetes executor: one pod per session attempt, driven from a watch cache.
+
+For each session: create the pod (its name is deterministic, so a second create after a
+restart is a 409 and the live pod is adopted), wait on the cache until the reader runs,
+journal the start, deliver the sealed workspace by exec, wait until the harness container has
+terminated, then bring the stream out in short exec transfers that resume by offset and are
+verified against the reader's own byte count and sha256, and bring back the workspace as a
+tar. The pod is deleted only after the campaign has journaled the outcome (``finish``).
+
+A pod that never started (unschedulable past the start timeout, an image that does not pull)
+is deleted and created again: nothing was spent. A pod lost after the start (deleted,
+evicted, its node gone) may have spent: the session is journaled interrupted with what was
+captured so far, and is never run again by itself.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner import digest
+from runner.errors import NotStarted, SessionInterrupted, UserError
+from runner.executors.capture import collect_workspace
+from runner.k8s import manifests, names, podstate
+from runner.k8s.api import ExecError, Kube, is_transient
+from runner.k8s.manifests import TIMEOUT_EXIT, WORKSPACE
+from runner.k8s.podcache import PodCache
+from runner.k8s.pod import deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
+from runner.layout import SessionKeys
+from runner.ledger import now
+from runner.plan import Plan, Probe
+from runner.seal import SealedWorkspace
+from runner.settings import Settings
+from runner.store import Store
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+CONFINEMENT_PROSE = (
+    "Each session ran in its own Kubernetes pod (kubernetes executor): non-root, read-only root "
+    "filesystem, all capabilities dropped, seccomp RuntimeDefault, no service-account token; its "
+    "only network route was the egress proxy, which allows CONNECT to the provider host alone. "
+    "Its standard output was a Unix socket held by a reader in another container under another uid."
+)
+START_ATTEMPTS = 3
+_RECORD_WAIT_SECONDS = 60.0
+
+
+@dataclass
+class KubernetesExecutor:
+    settings: Settings
+    kube: Kube
+    name: str = "kubernetes"
+    confinement: str = CONFINEMENT_PROSE
+    harness_version: str | None = None
+    cache: PodCache | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        k = self.settings.kube
+        self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
+        self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
+        self._retry = dict(retry=retry_if_exception(is_transient), stop=stop_after_attempt(k.api_attempts),
+                           wait=wait_exponential(multiplier=k.api_backoff_seconds, max=10), reraise=True)
+
+    # ---- campaign hooks --------------------------------------------------------------------
+
+    def preflight(self) -> None:
+        """Refuse to start where session pods would not be confined as promised."""
+        from runner.k8s.policy import foreign_policies_selecting
+
+        k = self.settings.kube
+        probe_labels = names.session_labels(k.instance, "preflight", "preflight", "preflight", 1)
+        foreign = foreign_policies_selecting(self.kube.network_policies(), probe_labels)
+        if foreign:
+            raise UserError(
+                f"namespace {k.namespace}: NetworkPolicy {', '.join(sorted(foreign))} also selects session pods; "
+                "allow rules add up, so a session could reach more than the egress proxy. Remove it or narrow its podSelector.")
+
+    def prepare(self, plan: Plan, final: set[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
+        """Start the watch; delete leftover pods of attempts that are already final; return the
+        (probe, session, attempt) of live pods, which ``run`` adopts."""
+        k = self.settings.kube
+        sel = names.selector_string(names.selector(k.instance, names.SESSION_COMPONENT, plan.campaign))
+        self.cache = PodCache(self.kube, sel, on_error=self.problems.append)
+        self.cache.start()
+        live = set()
+        for name in self.cache.names():
+            pod = self.cache.get(name)
+            if pod is None:
+                continue
+            key = _session_of(pod)
+            if key in final or key is None:
+                self._delete(name)
+            else:
+                live.add(key)
+        return live
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.stop()
+
+    # ---- one session -----------------------------------------------------------------------
+
+    def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
+            also_collect, started) -> dict:
+        assert self.cache is not None, "prepare() first"
+        manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task)
+        name = manifest["metadata"]["name"]
+        self._start_pod(name, manifest)
+        if self._exec(name, is_delivered_argv(), check=False).code != 0:
+            started()
+            self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid))
+        started_at = now()
+        limit = self.settings.harness.timeout_seconds + self.settings.kube.start_timeout_seconds
+        end = self.cache.wait(name, lambda p: _harness_end(p), timeout=limit)
+        spool = scratch / "stream.spool"
+        if not end or end[0] == "lost":
+            reason = end[1] if end else f"the harness did not end within {limit:g} s"
+            detail = self._salvage(name, spool, store, keys)
+            raise SessionInterrupted(reason, {"reason": reason, **detail})
+        term = end[1]
+        record = self._reader_record(name)
+        if record is None:
+            detail = self._salvage(name, spool, store, keys)
+            raise SessionInterrupted("the capture reader never recorded the end of the stream", detail)
+        self._fetch(name, spool, 0, record["bytes"])
+        stream = _upload_verified(spool, store, keys.stream, record)
+        ended_at = now()
+        collected = self._collect(name, scratch, sealed, store, keys, also_collect)
+        exit_code = term.get("exitCode")
+        return {
+            "executor": self.name,
+            "confinement": self.confinement,
+            "network_confined": True,
+            "pod": {"name": name, "namespace": self.settings.kube.namespace, "node": (self.cache.get(name) or {}).get("spec", {}).get("nodeName")},
+            "harness": {"image": self.settings.kube.harness_image, "version": self.harness_version,
+                        "argv": manifests.harness_args(plan, self.settings),
+                        "allowed_tools": self.settings.harness.allowed_tools,
+                        "disallowed_tools": self.settings.harness.disallowed_tools},
+            "started_at": started_at,
+            "ended_at": ended_at,
+            "exit_code": exit_code,
+            "timed_out": exit_code == TIMEOUT_EXIT,
+            "stream": stream,
+            "reader": record,
+            "workspace": WORKSPACE,
+            "config_dir": manifests.CONFIG_DIR,
+            "host_skills": [],
+            "artifacts": collected,
+        }
+
+    def finish(self, keys: SessionKeys) -> None:
+        """The outcome is journaled: the pod may go."""
+        self._delete(manifests.pod_name(keys.campaign, keys.probe, keys.session, keys.attempt))
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def _start_pod(self, name: str, manifest: dict) -> None:
+        assert self.cache is not None
+        timeout = self.settings.kube.start_timeout_seconds
+        why = "no attempt made"
+        for _ in range(START_ATTEMPTS):
+            with self._create_slots:
+                self.kube.create_pod(manifest)
+            self.cache.wait(name, lambda p: p is not None, timeout=60)
+            state = self.cache.wait(name, _startup, timeout=timeout)
+            if state == "running":
+                return
+            why = state or (podstate.unschedulable(self.cache.get(name) or {}) or f"not running after {timeout:g} s")
+            if isinstance(why, str) and why.startswith("lost:"):
+                raise NotStarted(why[5:])
+            self._delete(name, grace=0)
+            self.cache.wait(name, lambda p: p is None, timeout=120)
+        raise NotStarted(f"pod {name} did not start: {why}")
+
+    def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True):
+        k = self.settings.kube
+        for attempt in Retrying(**self._retry):
+            with attempt:
+                res = self.kube.exec(pod, "reader", argv, stdin=stdin, timeout=k.transfer_timeout_seconds)
+        if check and res.code != 0:
+            raise ExecError(f"exec in {pod}: {argv[-1] if argv else ''} exited {res.code}: {res.stderr.decode(errors='replace')[-300:]}")
+        return res
+
+    def _reader_record(self, pod: str) -> dict | None:
+        deadline = time.monotonic() + _RECORD_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            out = self._exec(pod, record_argv()).stdout
+            if out.strip():
+                return json.loads(out)
+            time.sleep(0.2)
+        return None
+
+    def _fetch(self, pod: str, spool: Path, offset: int, total: int | None) -> int:
+        """Append the stream from ``offset`` to the spool; every chunk is its own short exec, so a
+        broken transfer is repeated from where the spool ends. Returns the spool's size."""
+        chunk = self.settings.kube.transfer_chunk_bytes
+        with open(spool, "ab") as f:
+            f.truncate(offset)
+            while total is None or offset < total:
+                want = chunk if total is None else min(chunk, total - offset)
+                data = self._exec(pod, fetch_argv(offset, want)).stdout
+                if len(data) > want:
+                    raise ExecError(f"exec in {pod}: fetch returned {len(data)} bytes for {want}")
+                if not data:
+                    if total is None:
+                        break
+                    raise ExecError(f"exec in {pod}: the stream ends at {offset} bytes, the reader recorded {total}")
+                f.write(data)
+                offset += len(data)
+            f.flush()
+            os.fsync(f.fileno())
+        return offset
+
+    def _salvage(self, pod: str, spool: Path, store: Store, keys: SessionKeys) -> dict:
+        """Keep what can still be read of a stream that cannot be proven complete."""
+        got = 0
+        try:
+            got = self._fetch(pod, spool, 0, None)
+        except Exception as e:  # the pod is gone or going: keep what arrived
+            got = spool.stat().st_size if spool.exists() else 0
+            self.problems.append(f"{pod}: salvage stopped: {e}")
+        if not got:
+            return {"stream": None}
+        kept = _upload(spool, store, keys.partial_stream)
+        return {"stream": None, "partial_stream": kept}
+
+    def _collect(self, pod: str, scratch: Path, sealed: SealedWorkspace, store: Store, keys: SessionKeys,
+                 also_collect) -> dict:
+        tar_bytes = self._exec(pod, pack_argv()).stdout
+        out = scratch / "collected"
+        _extract_safely(tar_bytes, out)
+        return collect_workspace(out, sealed.manifest, also_collect(keys, WORKSPACE), store, keys)
+
+    def _delete(self, name: str, grace: int | None = None) -> None:
+        with self._delete_slots:
+            self.kube.delete_pod(name, grace)
+
+
+def _startup(pod: dict | None):
+    if pod is None:
+        return "lost:the pod was deleted before it started"
+    if podstate.running(pod, "reader"):
+        return "running"
+    return podstate.never_started(pod)
+
+
+def _harness_end(pod: dict | None):
+    if pod is not None:
+        term = podstate.terminated(pod, "harness")
+        if term is not None:
+            return ("done", term)
+    why = podstate.lost(pod)
+    return ("lost", why) if why else None
+
+
+def _session_of(pod: dict) -> tuple[str, str, int] | None:
+    ann = pod["metadata"].get("annotations") or {}
+    try:
+        return ann[manifests.ANNOTATION_PROBE], ann[manifests.ANNOTATION_SESSION], int(ann[manifests.ANNOTATION_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+
+
+def _workspace_tar(root: Path, gid: int) -> bytes:
+    """The sealed workspace as a tar, group-writable for the harness (fsGroup ``gid``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for p in sorted(root.rglob("*")):
+            info = tar.gettarinfo(str(p), arcname=p.relative_to(root).as_posix())
+            info.uid, info.gid, info.uname, info.gname = 0, gid, "", ""
+            if info.isdir():
+                info.mode = 0o2775
+                tar.addfile(info)
+            elif info.isfile():
+                info.mode = 0o664
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+            elif info.issym():
+                tar.addfile(info)
+    return buf.getvalue()
+
+
+def _extract_safely(data: bytes, dest: Path) -> None:
+    """Regular files and links only, inside ``dest``; links are recreated, never followed."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        for m in tar:
+            rel = Path(os.path.normpath(m.name))
+            if rel.is_absolute() or rel.parts[:1] == ("..",) or str(rel) == ".":
+                continue
+            target = dest / rel
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif m.isfile():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(m)
+                assert src is not None
+                with open(target, "wb") as f:
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+            elif m.issym():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(m.linkname, target)
+
+
+def _upload(spool: Path, store: Store, key: str) -> dict:
+    with open(spool, "rb") as f, store.writer(key) as w:
+        while chunk := f.read(1 << 20):
+            w.write(chunk)
+        w.commit()
+    return {"key": key, "bytes": w.size, "sha256": w.sha256}
+
+
+def _upload_verified(spool: Path, store: Store, key: str, record: dict) -> dict:
+    size, sha = spool.stat().st_size, digest.of_file(spool)
+    if size != record["bytes"] or sha != record["sha256"]:
+        raise ExecError(f"stream {key}: fetched {size} bytes {sha}, the reader recorded {record['bytes']} bytes {record['sha256']}")
+    if store.exists(key):  # a restart after the upload: the same bytes are there already
+        return {"key": key, "bytes": size, "sha256": sha}
+    return _upload(spool, store, key)

@@ -1,0 +1,214 @@
+"""The session pod, as a pure function of the settings and the session (a plain dict; no I/O).
+
+Layout, and why each part is there:
+
+- Two containers. ``harness`` runs the Claude Code CLI as ``harness_uid``; every process of
+  the session runs there. ``reader`` runs as ``reader_uid`` and holds the far end of the
+  harness's standard output: a Unix socket on the ``socket`` volume, accepted once (a socket
+  cannot be reopened through ``/proc/PID/fd``), written to the ``capture`` volume that only the
+  reader mounts. Containers do not share a PID namespace, so the session cannot see, signal or
+  trace the reader; the uids differ, so it could not even if it could see it.
+- The workspace comes in and the changed files go out through the API (exec into ``reader``),
+  never through a network path of the pod: the pod's only route out is the egress proxy.
+- When the harness container's first process exits, the runtime kills every other process of
+  that container (its PID namespace ends), so nothing the session left behind is running when
+  the controller reads the artifacts.
+- Hardened as the guide demands: non-root, read-only root filesystem, all capabilities dropped,
+  no privilege escalation, seccomp RuntimeDefault, no service-account token, no service links,
+  an environment that holds only what the harness needs, credentials from a Secret that the
+  entry point copies into the configuration directory and removes at the end.
+"""
+
+from __future__ import annotations
+
+from runner.k8s import names
+from runner.plan import Plan
+from runner.settings import Settings
+
+WORKSPACE = "/workspace"
+CONFIG_DIR = "/run/probe/config"
+SOCKET_DIR = "/run/probe/socket"
+CAPTURE_DIR = "/run/probe/capture"
+SECRET_DIR = "/run/probe/secret"
+HARNESS_EXECUTABLE = "claude"
+POD_MODULE = ["python3", "-m", "runner.k8s.pod"]
+TIMEOUT_EXIT = 124  # the entry point's exit code when it killed a session at its time limit
+
+READER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
+
+# Annotations carry the exact values; labels (sanitised) only select.
+ANNOTATION_CAMPAIGN = f"{names.GROUP}/campaign"
+ANNOTATION_PROBE = f"{names.GROUP}/probe"
+ANNOTATION_SESSION = f"{names.GROUP}/session"
+ANNOTATION_ATTEMPT = f"{names.GROUP}/attempt"
+
+
+def pod_name(campaign: str, probe: str, session: str, attempt: int) -> str:
+    return names.object_name(campaign, probe, session, attempt)
+
+
+def _container_security(uid: int) -> dict:
+    return {
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(pairs: dict[str, str]) -> list[dict]:
+    return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def harness_args(plan: Plan, settings: Settings) -> list[str]:
+    """DESIGN.md's harness flags (the task goes in on stdin, never as an argument)."""
+    h = settings.harness
+    argv = [
+        HARNESS_EXECUTABLE, "-p",
+        "--output-format", "stream-json", "--verbose",
+        "--setting-sources", "project,local",
+        "--permission-mode", "dontAsk",
+        "--model", plan.model,
+        "--allowedTools", *h.allowed_tools,
+        "--disallowedTools", *h.disallowed_tools,
+    ]
+    if h.max_turns:
+        argv += ["--max-turns", str(h.max_turns)]
+    return argv
+
+
+def harness_env(settings: Settings, task: str) -> list[dict]:
+    k = settings.kube
+    env = _env({
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": CONFIG_DIR,
+        "CLAUDE_CONFIG_DIR": CONFIG_DIR,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "ANTHROPIC_BASE_URL": settings.provider.base_url,
+        "HTTPS_PROXY": k.proxy_url,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        **settings.harness.env,
+        # Read and removed from the environment by the entry point before the CLI starts.
+        "PROBE_TASK": task,
+        "PROBE_SOCKET_DIR": SOCKET_DIR,
+        "PROBE_TIMEOUT_SECONDS": f"{settings.harness.timeout_seconds:g}",
+        "PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json",
+    })
+    if k.credentials_secret:
+        env.append({"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
+            "name": k.credentials_secret, "key": "api-key", "optional": True}}})
+    return env
+
+
+def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str) -> dict:
+    """The pod of one session attempt."""
+    k = settings.kube
+    r = k.resources
+    labels = names.session_labels(k.instance, plan.campaign, probe, session, attempt)
+    volumes = [
+        {"name": "workspace", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}},
+        {"name": "config", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}},
+        {"name": "socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        {"name": "capture", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}},
+    ]
+    harness_mounts = [
+        {"name": "workspace", "mountPath": WORKSPACE},
+        {"name": "config", "mountPath": CONFIG_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "socket", "mountPath": SOCKET_DIR},
+    ]
+    if k.credentials_secret:
+        volumes.append({"name": "credentials", "secret": {
+            "secretName": k.credentials_secret, "optional": True, "defaultMode": 0o400,
+            "items": [{"key": "credentials.json", "path": "credentials.json"}]}})
+        harness_mounts.append({"name": "credentials", "mountPath": SECRET_DIR, "readOnly": True})
+    spec: dict = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "shareProcessNamespace": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "terminationGracePeriodSeconds": 5,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "fsGroup": k.harness_uid,  # the workspace the reader unpacks is writable by the harness
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": "reader",
+                "image": k.reader_image,
+                "imagePullPolicy": k.image_pull_policy,
+                "command": [*POD_MODULE, "reader"],
+                "env": _env({
+                    "PROBE_CAPTURE_DIR": CAPTURE_DIR,
+                    "PROBE_SOCKET_DIR": SOCKET_DIR,
+                    "PROBE_WORKSPACE": WORKSPACE,
+                    "PROBE_HARNESS_UID": str(k.harness_uid),
+                }),
+                "resources": READER_RESOURCES,
+                "securityContext": _container_security(k.reader_uid),
+                "volumeMounts": [
+                    {"name": "capture", "mountPath": CAPTURE_DIR},
+                    {"name": "socket", "mountPath": SOCKET_DIR},
+                    {"name": "workspace", "mountPath": WORKSPACE},
+                ],
+            },
+            {
+                "name": "harness",
+                "image": k.harness_image,
+                "imagePullPolicy": k.image_pull_policy,
+                "command": [*POD_MODULE, "harness", "--"],
+                "args": harness_args(plan, settings),
+                "workingDir": WORKSPACE,
+                "env": harness_env(settings, task),
+                "resources": {
+                    "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
+                    "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},
+                },
+                "securityContext": _container_security(k.harness_uid),
+                "volumeMounts": harness_mounts,
+            },
+        ],
+        "volumes": volumes,
+    }
+    if k.runtime_class:
+        spec["runtimeClassName"] = k.runtime_class
+    if k.node_selector:
+        spec["nodeSelector"] = dict(k.node_selector)
+    if k.tolerations:
+        spec["tolerations"] = [dict(t) for t in k.tolerations]
+    if k.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in k.image_pull_secrets]
+    if k.spread_max_skew is not None:
+        spec["topologySpreadConstraints"] = [{
+            "maxSkew": k.spread_max_skew,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT, plan.campaign)},
+        }]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(plan.campaign, probe, session, attempt),
+            "namespace": k.namespace,
+            "labels": labels,
+            "annotations": {
+                ANNOTATION_CAMPAIGN: plan.campaign,
+                ANNOTATION_PROBE: probe,
+                ANNOTATION_SESSION: session,
+                ANNOTATION_ATTEMPT: str(attempt),
+            },
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,185 @@
+"""Entry points inside a session pod: ``reader`` and ``harness`` (``python3 -m runner.k8s.pod``).
+
+``reader`` (its own container, its own uid) waits until the controller has delivered the
+workspace, then listens on a Unix socket in the volume it shares with the harness, accepts
+exactly one connection (from the harness uid, checked with SO_PEERCRED), removes the socket's
+path so nothing else can connect, and copies every byte to ``stream.jsonl`` on the volume only
+it mounts, with a record of the byte count and sha256 written when the stream ends. It then
+stays up so the controller can fetch the stream and the artifacts by exec.
+
+``harness`` connects to that socket, makes it the CLI's standard output, copies the
+credentials into the configuration directory, gives the CLI the task on stdin, enforces the
+time limit, removes the credentials and exits with the CLI's exit code (124 on the time
+limit). When it exits, the runtime ends every process left in the container.
+
+Paths come from the environment (the pod manifest sets them), so the same code runs in a
+container and on the simulated nodes of the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+SOCKET_NAME = "stdout.sock"
+STREAM_NAME = "stream.jsonl"
+RECORD_NAME = "record.json"
+DELIVERED_NAME = "delivered"
+TIMEOUT_EXIT = 124
+_CHUNK = 1 << 16
+_CONNECT_WAIT_SECONDS = 3600.0
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None:
+    while not (capture_dir / DELIVERED_NAME).exists():
+        time.sleep(0.1)
+    path = socket_dir / SOCKET_NAME
+    path.unlink(missing_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    os.chmod(path, 0o666)  # the harness runs under another uid; the path is removed on accept
+    server.listen(1)
+    refused: list[int] = []
+    while True:
+        conn, _ = server.accept()
+        uid = _peer_uid(conn)
+        if harness_uid is None or uid == harness_uid:
+            break
+        refused.append(uid)
+        conn.close()
+    server.close()
+    path.unlink(missing_ok=True)
+    started = _now()
+    sha, size = hashlib.sha256(), 0
+    with conn, open(capture_dir / STREAM_NAME, "wb") as out:
+        while chunk := conn.recv(_CHUNK):
+            out.write(chunk)
+            sha.update(chunk)
+            size += len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    record = {"bytes": size, "sha256": "sha256:" + sha.hexdigest(), "eof": True, "peer_uid": uid,
+              "refused_peers": refused, "started_at": started, "ended_at": _now()}
+    _write_atomic(capture_dir / RECORD_NAME, json.dumps(record, sort_keys=True).encode())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        signal.pause()
+
+
+def _connect(path: Path, wait: float) -> socket.socket:
+    deadline = time.monotonic() + wait
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(path))
+            return s
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"probe harness: no capture socket at {path} after {wait:g} s")
+            time.sleep(0.1)
+
+
+def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path | None) -> int:
+    conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
+    task = os.environ.get("PROBE_TASK", "")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE_")}
+    config = Path(env.get("CLAUDE_CONFIG_DIR", env.get("HOME", "/tmp")))
+    copied = None
+    if credentials is not None and credentials.is_file():
+        copied = config / ".credentials.json"
+        shutil.copyfile(credentials, copied)
+        copied.chmod(0o600)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=conn.fileno(), env=env, start_new_session=True)
+        conn.close()  # only the CLI holds the stream now: its exit is the reader's end of stream
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(task.encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"probe harness: time limit of {timeout:g} s reached; session killed", file=sys.stderr)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code = TIMEOUT_EXIT
+    finally:
+        if copied is not None:
+            copied.unlink(missing_ok=True)
+    return code
+
+
+# Commands the controller runs by exec in the reader container. Shell and coreutils only, so a
+# transfer costs no interpreter start; paths come from the reader's environment.
+def deliver_argv() -> list[str]:
+    """Unpack the tar on stdin into the workspace, then let the reader open the socket."""
+    return ["sh", "-c", f'tar -x -f - --no-same-owner -C "$PROBE_WORKSPACE" && touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
+
+
+def is_delivered_argv() -> list[str]:
+    return ["sh", "-c", f'test -e "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
+
+
+def record_argv() -> list[str]:
+    """Print the reader's record, or nothing while the stream is still open."""
+    return ["sh", "-c", f'cat "$PROBE_CAPTURE_DIR/{RECORD_NAME}" 2>/dev/null || true']
+
+
+def fetch_argv(offset: int, length: int) -> list[str]:
+    """Bytes [offset, offset+length) of the captured stream."""
+    return ["sh", "-c", f'tail -c +$(($1 + 1)) "$PROBE_CAPTURE_DIR/{STREAM_NAME}" | head -c "$2"', "fetch",
+            str(offset), str(length)]
+
+
+def pack_argv() -> list[str]:
+    """The workspace as a tar on stdout (links stored as links, never followed)."""
+    return ["sh", "-c", 'tar -c -f - -C "$PROBE_WORKSPACE" .']
+
+
+def main(args: list[str]) -> int:
+    env = os.environ
+    if args[:1] == ["reader"]:
+        uid = env.get("PROBE_HARNESS_UID")
+        reader(Path(env["PROBE_CAPTURE_DIR"]), Path(env["PROBE_SOCKET_DIR"]), int(uid) if uid else None)
+        return 0
+    if args[:2] == ["harness", "--"] and len(args) > 2:
+        creds = env.get("PROBE_CREDENTIALS_FILE")
+        return harness(args[2:], Path(env["PROBE_SOCKET_DIR"]), float(env.get("PROBE_TIMEOUT_SECONDS", "1800")),
+                       Path(creds) if creds else None)
+    print("usage: python3 -m runner.k8s.pod reader | harness -- COMMAND...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,63 @@
+"""What a session pod's status says, read off the plain dict the watch delivers (pure).
+
+The distinction that matters is whether the harness can have spent: a pod that was never
+scheduled, or whose image never pulled, ran nothing and may be retried; a pod that was evicted,
+lost with its node or deleted by someone else after its harness started may have spent, and
+is recorded as interrupted, never retried by itself.
+"""
+
+from __future__ import annotations
+
+NEVER_STARTED_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                         "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+
+
+def _status(pod: dict, container: str) -> dict | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == container:
+            return cs
+    return None
+
+
+def running(pod: dict, container: str) -> bool:
+    cs = _status(pod, container)
+    return bool(cs and (cs.get("state") or {}).get("running") is not None)
+
+
+def terminated(pod: dict, container: str) -> dict | None:
+    cs = _status(pod, container)
+    return (cs.get("state") or {}).get("terminated") if cs else None
+
+
+def never_started(pod: dict) -> str | None:
+    """Why the pod cannot start (an image or configuration error), or None."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in NEVER_STARTED_REASONS:
+            return f"{cs.get('name')}: {waiting['reason']}: {waiting.get('message', '')}".rstrip(": ")
+    return None
+
+
+def unschedulable(pod: dict) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return f"unschedulable: {cond.get('message') or cond.get('reason')}"
+    return None
+
+
+def lost(pod: dict | None) -> str | None:
+    """Why a pod whose harness may have started can no longer finish, or None."""
+    if pod is None:
+        return "the pod was deleted"
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp"):
+        return "the pod is being deleted"
+    if status.get("phase") in ("Failed", "Unknown") or status.get("reason") == "Evicted":
+        return f"the pod {status.get('phase', '').lower() or 'failed'}: {status.get('reason', '')} {status.get('message', '')}".strip()
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return f"the pod is disrupted: {cond.get('reason')} {cond.get('message', '')}".strip()
+    reader = terminated(pod, "reader")
+    if reader is not None:
+        return f"the capture reader ended ({reader.get('reason', 'exit ' + str(reader.get('exitCode')))})"
+    return None
