@@ -5,9 +5,12 @@ runs a second time by itself.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import sys
+import tarfile
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,6 +42,55 @@ def load_stored_plan(store: Store, campaign: str) -> Plan:
     if not store.exists(key):
         raise UserError(f"no campaign {campaign!r} in {store.uri}")
     return parse_plan(json.loads(store.get(key)), f"{store.uri}/{key}")
+
+
+def store_corpus(store: Store, campaign: str, corpus: Path) -> str:
+    """The corpus as a tar.gz under the campaign (create-only, like the plan); its digest."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for p in sorted(corpus.rglob("*")):
+            rel = p.relative_to(corpus)
+            if rel.parts[0] == ".git":
+                continue
+            info = tar.gettarinfo(str(p), arcname=rel.as_posix())
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            if info.isfile():
+                with open(p, "rb") as f:
+                    tar.addfile(info, f)
+            elif info.isdir() or info.issym():
+                tar.addfile(info)
+    data = buf.getvalue()
+    key = layout.corpus_key(campaign)
+    try:
+        store.put(key, data, create_only=True)
+    except AlreadyExists:
+        if corpus_fingerprint_of_archive(store.get(key)) != corpus_fingerprint_of_archive(data):
+            raise UserError(f"campaign {campaign!r} exists in {store.uri} with a different corpus; choose a new campaign name") from None
+    return digest.of_bytes(data)
+
+
+def corpus_fingerprint_of_archive(data: bytes) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        _unpack(data, Path(d))
+        return corpus_fingerprint(Path(d))
+
+
+def fetch_corpus(store: Store, campaign: str, dest: Path) -> Path:
+    key = layout.corpus_key(campaign)
+    if not store.exists(key):
+        raise UserError(f"campaign {campaign!r} has no corpus in {store.uri} (submit it with `probe-runner submit`)")
+    if dest.exists():
+        shutil.rmtree(dest)
+    _unpack(store.get(key), dest)
+    return dest
+
+
+def _unpack(data: bytes, dest: Path) -> None:
+    dest.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(dest, filter="data")
 
 
 def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> dict:

@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "sessions that ran are not repeated; interrupted ones are reported for `ledger recover`.")
     run.add_argument("plan", type=Path, help="the plan file (JSON, or YAML by .yaml/.yml)")
     run.add_argument("--corpus", type=Path, required=True, help="the corpus directory the plan was made over")
-    run.add_argument("--executor", choices=["local"], default="local", help="where sessions run (default: local, under bwrap)")
+    run.add_argument("--executor", choices=["local", "kubernetes"], default="local",
+                     help="where sessions run: local (under bwrap, the default) or kubernetes (one pod per session, "
+                          "through $RUNNER_KUBE__KUBECONFIG or the current kubeconfig context)")
     run.add_argument("--concurrency", type=int, help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
     run.add_argument("--produced", action="append", default=[], metavar="PATH",
                      help="a workspace path a session may write without naming it (e.g. a Bash redirect); repeatable")
@@ -58,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         _store_arg(p)
         if name == "status":
             p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    ctl = sub.add_parser("controller", help="in-cluster entry point: run a submitted campaign's sessions as pods",
+                         description="Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes "
+                                     "pods, then the transform. Safe to restart: live pods are adopted, nothing repeats.")
+    ctl.add_argument("--campaign", required=True)
+    ctl.add_argument("--concurrency", type=int, help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
+    _store_arg(ctl)
 
     pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals",
                           description="Copy transcripts/ of CAMPAIGN into DEST.")
@@ -119,9 +128,19 @@ def _print_report(store, plan, report, out=sys.stdout) -> int:
     return EXIT_CONFINEMENT if report.refusals else 0
 
 
+def make_executor(name: str, settings: Settings):
+    if name == "kubernetes":
+        from runner.k8s.api import Kube
+        from runner.k8s.executor import KubernetesExecutor
+
+        return KubernetesExecutor(settings, Kube(settings.kube))
+    from runner.executors.local import LocalExecutor
+
+    return LocalExecutor(settings)
+
+
 def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> int:
     from runner.campaign import run_sessions
-    from runner.executors.local import LocalExecutor
     from runner.intake_job import run_job
     from runner.plan import load_plan
     from runner.store import open_store
@@ -131,15 +150,30 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} is not a directory")
     store = open_store(settings.store, settings)
-    executor = LocalExecutor(settings)
+    executor = make_executor(getattr(args, "executor", "local"), settings)
     with campaign_lock(settings, plan.campaign):
-        report = run_sessions(plan, corpus, store, executor, settings.local.workdir, settings.concurrency,
-                              getattr(args, "produced", []), resume=resume)
+        try:
+            report = run_sessions(plan, corpus, store, executor, settings.local.workdir, settings.concurrency,
+                                  getattr(args, "produced", []), resume=resume)
+        finally:
+            if hasattr(executor, "close"):
+                executor.close()
         for key in report.interrupted:
             print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
         job = run_job(store, plan)
     return _print_report(store, plan, job)
+
+
+def cmd_controller(args, settings: Settings) -> int:
+    from runner.campaign import fetch_corpus, load_stored_plan
+    from runner.store import open_store
+
+    store = open_store(settings.store, settings)
+    plan = load_stored_plan(store, args.campaign)
+    corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
+    args.executor = "kubernetes"
+    return cmd_run(args, settings, plan=plan, corpus=corpus)
 
 
 def cmd_demo(args, settings: Settings) -> int:
@@ -248,7 +282,7 @@ def cmd_ledger(args, settings: Settings) -> int:
     return cmd_run(args, settings, plan=plan, corpus=args.corpus, resume={args.session})
 
 
-COMMANDS = {"run": cmd_run, "demo": cmd_demo, "status": cmd_status, "transform": cmd_transform,
+COMMANDS = {"run": cmd_run, "controller": cmd_controller, "demo": cmd_demo, "status": cmd_status, "transform": cmd_transform,
             "pull": cmd_pull, "ledger": cmd_ledger}
 
 

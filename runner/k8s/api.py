@@ -175,7 +175,8 @@ class Kube:
                     err += resp.read_stderr()
             out += resp.read_stdout() if resp.peek_stdout() else b""
             err += resp.read_stderr() if resp.peek_stderr() else b""
-            code = exit_code(resp.read_channel(ERROR_CHANNEL))
+            status = resp.read_channel(ERROR_CHANNEL)
+            code = exit_code(status)
         except ExecError:
             raise
         except Exception as e:  # websocket errors of every kind: the transfer broke off
@@ -183,7 +184,8 @@ class Kube:
         finally:
             resp.close()
         if code is None:
-            raise ExecError(f"exec {container} in {pod}: the connection closed without an exit status")
+            said = status.decode(errors="replace")[:300] if isinstance(status, bytes) else str(status)[:300]
+            raise ExecError(f"exec {container} in {pod}: no exit status ({said or 'the connection closed'})")
         return ExecResult(bytes(out), bytes(err), code)
 
 

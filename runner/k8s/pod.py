@@ -144,7 +144,7 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path
 # transfer costs no interpreter start; paths come from the reader's environment.
 def deliver_argv() -> list[str]:
     """Unpack the tar on stdin into the workspace, then let the reader open the socket."""
-    return ["sh", "-c", f'tar -x -f - --no-same-owner -C "$PROBE_WORKSPACE" && touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
+    return ["sh", "-c", f'tar -x -p -f - --no-same-owner -C "$PROBE_WORKSPACE" && touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
 
 
 def is_delivered_argv() -> list[str]:

@@ -252,13 +252,13 @@ class KubeCluster:
 
     def add_nodes(self, n: int, prefix: str = "kwok-node", labels: Mapping[str, str] | None = None,
                   taints: Sequence[Mapping[str, str]] = (), cpu: str = "32",
-                  memory: str = "256Gi", pods: str = "110", wait: bool = True,
+                  memory: str = "256Gi", pods: str = "110", ephemeral_storage: str = "500Gi", wait: bool = True,
                   timeout: float = 60) -> list[str]:
         """Create ``n`` KWOK fake nodes ``<prefix>-0 .. <prefix>-(n-1)`` and (by default)
         wait until they are Ready. They carry no taint unless given, so ordinary pods
         schedule onto them."""
         names = [f"{prefix}-{i}" for i in range(n)]
-        resources = {"cpu": cpu, "memory": memory, "pods": pods}
+        resources = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": ephemeral_storage}
         self.apply([
             {
                 "apiVersion": "v1",

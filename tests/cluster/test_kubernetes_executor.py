@@ -1,0 +1,357 @@
+"""The Kubernetes executor against the real API server of ``kube_cluster``: session pods are
+created, scheduled over simulated nodes, watched, exec'd into and deleted for real; ``SimNode``
+plays the node (see simnode.py), running the product's reader and harness entry points."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from runner import demo
+from runner.campaign import run_sessions
+from runner.k8s import names
+from runner.k8s.api import Kube
+from runner.k8s.executor import KubernetesExecutor
+from runner.ledger import Ledger
+from runner.plan import parse_plan
+from runner.settings import load_settings
+from runner.store import open_store
+from runner.testing.provider import ScriptedProvider
+
+sys.path.insert(0, str(Path(__file__).parent))
+from simnode import SimNode  # noqa: E402
+
+REAL_STREAM = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
+
+
+def _uid() -> str:
+    return secrets.token_hex(3)
+
+
+@pytest.fixture(scope="module")
+def nodes(kube_cluster) -> list[str]:
+    return kube_cluster.add_nodes(20, prefix=f"exec-{_uid()}")
+
+
+@pytest.fixture
+def namespace(kube_cluster):
+    """A namespace with the provider credentials Secret the chart's values name."""
+    name = kube_cluster.create_namespace(f"exec-{_uid()}")
+    kube_cluster.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": name},
+                        "stringData": {"api-key": "demo-key"}})
+    yield name
+    client.CoreV1Api(kube_cluster.api_client()).delete_namespace(name, propagation_policy="Background")
+
+
+@pytest.fixture
+def sim_root():
+    """Where SimNode keeps its pods; readable by the pods' uids (pytest's tmp_path is not)."""
+    d = Path(tempfile.mkdtemp(prefix="simnode-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+@pytest.fixture
+def shared(sim_root) -> Path:
+    """A directory the harness override can read (bound read-only into the harness sandbox)."""
+    d = sim_root / "shared"
+    d.mkdir(mode=0o755)
+    return d
+
+
+@pytest.fixture
+def real_stream(shared) -> Path:
+    p = shared / "real.jsonl"
+    p.write_bytes(REAL_STREAM.read_bytes())
+    p.chmod(0o644)
+    return p
+
+
+@pytest.fixture(scope="module")
+def claude_path() -> str:
+    found = shutil.which("claude")
+    if not found:
+        pytest.fail("the Claude Code CLI is not on PATH (.ci/setup installs it)", pytrace=False)
+    return os.path.realpath(found)
+
+
+def _env(kube_cluster, namespace: str, store: str, **extra: str) -> dict[str, str]:
+    return {
+        "RUNNER_STORE": store,
+        "RUNNER_KUBE__NAMESPACE": namespace,
+        "RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig),
+        "RUNNER_KUBE__API_BACKOFF_SECONDS": "0.2",
+        "RUNNER_KUBE__START_TIMEOUT_SECONDS": "30",
+        "RUNNER_KUBE__CREDENTIALS_SECRET": "provider",
+        **extra,
+    }
+
+
+def _settings(env: dict[str, str], **overrides):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return load_settings(**overrides)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _plan(campaign: str, repetitions: int) -> tuple:
+    data = json.loads(demo.PLAN.read_text())
+    data["campaign"] = campaign
+    data["repetitions"] = repetitions
+    return parse_plan(data, "plan")
+
+
+def _replay(path: Path, delay: float = 0.0) -> list[str]:
+    """A harness override that writes a stream the real CLI produced (its flags are ignored)."""
+    return ["sh", "-c", f'sleep {delay}; exec cat "$0"', str(path)]
+
+
+def _pods(kube_cluster, namespace: str) -> list:
+    return client.CoreV1Api(kube_cluster.api_client()).list_namespaced_pod(namespace).items
+
+
+def _wait_no_pods(kube_cluster, namespace: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while _pods(kube_cluster, namespace) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not _pods(kube_cluster, namespace), "session pods were left behind"
+
+
+def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace, sim_root, tmp_path,
+                                                claude_path):
+    """The demo campaign (8 sessions) end to end: pods, the real CLI in the harness container's
+    place, streams through the reader socket and exec, transcripts that pass intake."""
+    store = (tmp_path / "store").as_uri()
+    with ScriptedProvider(json.loads(demo.SCENARIOS.read_text())) as provider, \
+            SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]) as sim:
+        env = {**os.environ, **_env(kube_cluster, namespace, store,
+                                    RUNNER_PROVIDER__BASE_URL=provider.base_url,
+                                    RUNNER_PROVIDER__API_KEY="demo-key",
+                                    RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"))}
+        plan_file = tmp_path / "plan.json"
+        data = json.loads(demo.PLAN.read_text())
+        data["campaign"] = f"k8s-{_uid()}"
+        plan_file.write_text(json.dumps(data))
+        proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS),
+                               "--executor", "kubernetes", "--concurrency", "4"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr + proc.stdout + "\n".join(sim.errors) + sim.logs()
+        assert sim.max_running <= 4
+        assert all(len(uids) == 1 for uids in sim.created.values()) and len(sim.created) == 8
+        assert len(provider.main_loop_requests()) >= 8
+    assert "transcript campaign-present" in proc.stdout and "transcript campaign-absent" in proc.stdout
+    assert "refused:" not in proc.stdout, proc.stdout
+    st = open_store(store)
+    ledger = Ledger(st, data["campaign"])
+    assert not ledger.verify()
+    assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
+    for key, s in ledger.sessions().items():
+        capture = json.loads(st.get(f"campaigns/{data['campaign']}/sessions/{key}/capture.json"))
+        assert capture["executor"] == "kubernetes" and capture["network_confined"] is True
+        assert capture["stream"]["sha256"] == capture["reader"]["sha256"]
+        assert capture["reader"]["peer_uid"] == 10001  # the harness uid, checked by the reader
+        raw = st.get(capture["stream"]["key"])
+        assert "sha256:" + hashlib.sha256(raw).hexdigest() == capture["stream"]["sha256"]
+    _wait_no_pods(kube_cluster, namespace)
+
+
+def test_two_hundred_sessions_over_twenty_nodes(kube_cluster, nodes, namespace, sim_root, shared, real_stream, tmp_path):
+    """200 sessions, concurrency 20: never more harnesses at once, every pod created once,
+    spread over the nodes, nothing left behind, the ledger verifies."""
+    store_uri = (tmp_path / "store").as_uri()
+    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                              RUNNER_KUBE__CREATE_CONCURRENCY="10"))
+    plan = _plan(f"scale-{_uid()}", 50)  # 2 probes x 2 arms x 50
+    store = open_store(store_uri, settings)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream, 0.2), harness_binds=(str(shared),)) as sim:
+        t0 = time.monotonic()
+        try:
+            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 20, [],
+                                  progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        took = time.monotonic() - t0
+        assert not sim.errors, sim.errors
+        assert 1 < sim.max_running <= 20
+        assert len(sim.created) == 200 and all(len(u) == 1 for u in sim.created.values())
+    print(f"200 sessions in {took:.1f} s, at most {sim.max_running} harnesses at once")
+    states = Ledger(store, plan.campaign).sessions()
+    assert len(report.ran) == 200 and {s.status for s in states.values()} == {"succeeded"}
+    assert not Ledger(store, plan.campaign).verify()
+    _wait_no_pods(kube_cluster, namespace, timeout=120)
+
+
+def test_controller_killed_and_restarted_creates_no_session_twice(kube_cluster, nodes, namespace, sim_root, shared,
+                                                                  real_stream, tmp_path):
+    store_uri = (tmp_path / "store").as_uri()
+    env = {**os.environ, **_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                                RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"))}
+    plan = _plan(f"restart-{_uid()}", 8)  # 32 sessions
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_bytes(plan.canonical_json())
+    argv = [sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS),
+            "--executor", "kubernetes", "--concurrency", "6"]
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream, 1.0), harness_binds=(str(shared),)) as sim:
+        first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        store = open_store(store_uri)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done = [s for s in Ledger(store, plan.campaign).sessions().values() if s.outcome]
+            if len(done) >= 8:
+                break
+            time.sleep(0.2)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        in_flight = [s for s in Ledger(store, plan.campaign).sessions().values() if s.status in ("intended", "started")]
+        assert in_flight, "the kill came too late to leave sessions in flight"
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode in (0, 12), second.stderr
+        assert not sim.errors, sim.errors
+        assert len(sim.created) == 32 and all(len(u) == 1 for u in sim.created.values()), \
+            {k: v for k, v in sim.created.items() if len(v) > 1}
+    ledger = Ledger(store, plan.campaign)
+    assert not ledger.verify()
+    intents = [e for e in ledger.entries if e["type"] == "intent"]
+    assert len(intents) == 32 and {e["attempt"] for e in intents} == {1}
+    assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
+    _wait_no_pods(kube_cluster, namespace)
+
+
+def test_pod_deleted_mid_stream_is_interrupted_and_keeps_what_arrived(kube_cluster, nodes, namespace, sim_root, shared,
+                                                                     tmp_path):
+    store_uri = (tmp_path / "store").as_uri()
+    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k"))
+    plan = _plan(f"deleted-{_uid()}", 1)
+    first_lines = shared / "head.jsonl"
+    first_lines.write_bytes(b"".join(REAL_STREAM.read_bytes().splitlines(keepends=True)[:3]))
+    harness = ["sh", "-c", 'cat "$0"; exec sleep 600', str(first_lines)]
+    store = open_store(store_uri, settings)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    core = client.CoreV1Api(kube_cluster.api_client())
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, harness, harness_binds=(str(shared),)) as sim:
+        def delete_one() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                live = [p for p in sim.pods.values() if p.harness_started]
+                if live:
+                    time.sleep(1.0)
+                    core.delete_namespaced_pod(live[0].name, namespace, grace_period_seconds=0)
+                    return
+                time.sleep(0.1)
+
+        killer = threading.Thread(target=delete_one)
+        killer.start()
+        plan = plan.model_copy(update={"probes": plan.probes[:1], "arms": plan.arms[:1]})
+        try:
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        killer.join()
+    (state,) = Ledger(store, plan.campaign).sessions().values()
+    assert state.status == "interrupted"
+    assert "deleted" in state.detail["reason"]
+    kept = state.detail.get("partial_stream")
+    if kept is not None:  # what the reader had when the pod went: never presented as the stream
+        assert store.get(kept["key"]) == first_lines.read_bytes()[:kept["bytes"]]
+    assert not store.exists(f"campaigns/{plan.campaign}/sessions/{state.key}/stream.jsonl")
+
+
+class CuttingProxy:
+    """A TCP relay to the API server that cuts the first connection to carry more than
+    ``cut_after`` bytes towards the client: a transfer dropped mid-stream, for real."""
+
+    def __init__(self, target: tuple[str, int], cut_after: int):
+        self.target, self.cut_after = target, cut_after
+        self.cuts = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._relay, args=(c,), daemon=True).start()
+
+    def _relay(self, c: socket.socket) -> None:
+        u = socket.create_connection(self.target)
+        up = threading.Thread(target=self._pipe, args=(c, u, False), daemon=True)
+        up.start()
+        self._pipe(u, c, True)
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+                sent += len(data)
+                if count and sent > self.cut_after and self.cuts == 0:
+                    self.cuts += 1
+                    break
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, nodes, namespace, sim_root, shared,
+                                                               tmp_path):
+    """Past the kubelet's default log rotation (10 MiB x 5), through exec transfers of 4 MiB,
+    one of which the network cuts mid-transfer: every byte arrives once, verified."""
+    lines = REAL_STREAM.read_bytes().splitlines(keepends=True)
+    big = shared / "big.jsonl"
+    with open(big, "wb") as f:
+        while f.tell() < 60 * 1024 * 1024:
+            f.writelines(lines)
+    want = "sha256:" + hashlib.sha256(big.read_bytes()).hexdigest()
+    server = kube_cluster.server.removeprefix("https://")
+    host, port = server.rsplit(":", 1)
+    proxy = CuttingProxy((host, int(port)), cut_after=6 * 1024 * 1024)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(Path(kube_cluster.kubeconfig).read_text().replace(server, f"127.0.0.1:{proxy.port}"))
+    store_uri = (tmp_path / "store").as_uri()
+    settings = _settings({**_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k"),
+                          "RUNNER_KUBE__KUBECONFIG": str(kubeconfig)})
+    plan = _plan(f"big-{_uid()}", 1)
+    plan = plan.model_copy(update={"probes": plan.probes[:1], "arms": plan.arms[:1]})
+    store = open_store(store_uri, settings)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(big), harness_binds=(str(shared),)) as sim:
+        try:
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        assert not sim.errors, sim.errors
+    assert proxy.cuts == 1
+    (state,) = Ledger(store, plan.campaign).sessions().values()
+    assert state.status == "succeeded", state.detail
+    assert state.detail["stream"]["bytes"] == big.stat().st_size and state.detail["stream"]["sha256"] == want
+    assert "sha256:" + hashlib.sha256(store.get(state.detail["stream"]["key"])).hexdigest() == want
