@@ -1,0 +1,229 @@
+"""The Kubernetes builders and readers that touch no network: names, the session pod, the
+pod-state rules and the exec status parser, each against complete expected values."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from runner import demo
+from runner.k8s import manifests, names, podstate
+from runner.k8s.api import exit_code
+from runner.plan import parse_plan
+from runner.settings import Settings
+
+DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.fixture
+def plan():
+    return parse_plan(json.loads(demo.PLAN.read_text()), "plan")
+
+
+# ---- names ----------------------------------------------------------------------------------
+
+def test_object_names_are_dns1123_deterministic_and_distinct():
+    a = names.object_name("status-2026", "HW-PRB-0007", "present-001", 1)
+    assert a == names.object_name("status-2026", "HW-PRB-0007", "present-001", 1)
+    assert a.startswith("status-2026-hw-prb-0007-present-001-1-") and DNS1123.match(a)
+    # Sanitising maps these to the same readable text; the hash of the exact parts tells them apart.
+    assert names.object_name("a_b", 1) != names.object_name("a.b", 1)
+    long = names.object_name("c" * 80, "HW-PRB-0007", "present-001", 2)
+    assert len(long) == 63 and DNS1123.match(long)
+    assert long != names.object_name("c" * 81, "HW-PRB-0007", "present-001", 2)  # cut text, other hash
+    assert DNS1123.match(names.object_name("___"))  # nothing readable left: the hash alone
+
+
+def test_label_values_are_valid_and_selectors_use_the_same_constants():
+    assert names.label_value("HW-PRB-0007") == "HW-PRB-0007"
+    assert names.label_value("a b/c") == "a-b-c"
+    long = names.label_value("x" * 70)
+    assert len(long) <= 63 and re.match(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$", long)
+    assert names.selector("inst", names.SESSION_COMPONENT, "demo") == {
+        "app.kubernetes.io/name": "probe-runner", "app.kubernetes.io/instance": "inst",
+        "app.kubernetes.io/component": "session", "probe-runner.io/campaign": "demo"}
+    labels = names.session_labels("inst", "demo", "HW-PRB-0007", "present-001", 2)
+    assert names.selector("inst", names.SESSION_COMPONENT, "demo").items() <= labels.items()
+    assert names.selector_string({"b": "2", "a": "1"}) == "a=1,b=2"
+
+
+# ---- the session pod -------------------------------------------------------------------------
+
+def test_session_pod_complete(plan):
+    settings = Settings(store="file:///tmp/s", kube={"credentials_secret": "provider", "runtime_class": "gvisor",
+                                                      "node_selector": {"pool": "probes"},
+                                                      "tolerations": [{"key": "probes", "operator": "Exists"}],
+                                                      "proxy_url": "http://10.96.0.12:3128"})
+    task = plan.probes[0].task
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task)
+    name = names.object_name("demo", "HW-PRB-0007", "present-001", 1)
+    security = lambda uid: {  # noqa: E731
+        "runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "probe-runner",
+            "labels": {
+                "app.kubernetes.io/name": "probe-runner", "app.kubernetes.io/instance": "probe-runner",
+                "app.kubernetes.io/component": "session", "app.kubernetes.io/part-of": "probe-runner",
+                "app.kubernetes.io/managed-by": "probe-runner", "probe-runner.io/campaign": "demo",
+                "probe-runner.io/probe": "HW-PRB-0007", "probe-runner.io/session": "present-001",
+                "probe-runner.io/attempt": "1",
+            },
+            "annotations": {"probe-runner.io/campaign": "demo", "probe-runner.io/probe": "HW-PRB-0007",
+                            "probe-runner.io/session": "present-001", "probe-runner.io/attempt": "1"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "shareProcessNamespace": False,
+            "hostNetwork": False,
+            "hostPID": False,
+            "hostIPC": False,
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsNonRoot": True, "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "reader",
+                    "image": "ghcr.io/probe-runner/runner:0.1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-m", "runner.k8s.pod", "reader"],
+                    "env": [{"name": "PROBE_CAPTURE_DIR", "value": "/run/probe/capture"},
+                            {"name": "PROBE_SOCKET_DIR", "value": "/run/probe/socket"},
+                            {"name": "PROBE_WORKSPACE", "value": "/workspace"},
+                            {"name": "PROBE_HARNESS_UID", "value": "10001"}],
+                    "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                                  "limits": {"cpu": "500m", "memory": "256Mi"}},
+                    "securityContext": security(10002),
+                    "volumeMounts": [{"name": "capture", "mountPath": "/run/probe/capture"},
+                                     {"name": "socket", "mountPath": "/run/probe/socket"},
+                                     {"name": "workspace", "mountPath": "/workspace"}],
+                },
+                {
+                    "name": "harness",
+                    "image": "ghcr.io/probe-runner/harness:0.1.0",
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python3", "-m", "runner.k8s.pod", "harness", "--"],
+                    "args": ["claude", "-p", "--output-format", "stream-json", "--verbose",
+                             "--setting-sources", "project,local", "--permission-mode", "dontAsk",
+                             "--model", "claude-sonnet-4-5",
+                             "--allowedTools", "Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash",
+                             "--disallowedTools", "WebSearch", "WebFetch"],
+                    "workingDir": "/workspace",
+                    "env": [
+                        {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"},
+                        {"name": "HOME", "value": "/run/probe/config"},
+                        {"name": "CLAUDE_CONFIG_DIR", "value": "/run/probe/config"},
+                        {"name": "TMPDIR", "value": "/tmp"},
+                        {"name": "LANG", "value": "C.UTF-8"},
+                        {"name": "ANTHROPIC_BASE_URL", "value": "https://api.anthropic.com"},
+                        {"name": "HTTPS_PROXY", "value": "http://10.96.0.12:3128"},
+                        {"name": "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "value": "1"},
+                        {"name": "DISABLE_AUTOUPDATER", "value": "1"},
+                        {"name": "PROBE_TASK", "value": task},
+                        {"name": "PROBE_SOCKET_DIR", "value": "/run/probe/socket"},
+                        {"name": "PROBE_TIMEOUT_SECONDS", "value": "1800"},
+                        {"name": "PROBE_CREDENTIALS_FILE", "value": "/run/probe/secret/credentials.json"},
+                        {"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
+                            "name": "provider", "key": "api-key", "optional": True}}},
+                    ],
+                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                  "limits": {"cpu": "2", "memory": "4Gi", "ephemeral-storage": "2Gi"}},
+                    "securityContext": security(10001),
+                    "volumeMounts": [{"name": "workspace", "mountPath": "/workspace"},
+                                     {"name": "config", "mountPath": "/run/probe/config"},
+                                     {"name": "tmp", "mountPath": "/tmp"},
+                                     {"name": "socket", "mountPath": "/run/probe/socket"},
+                                     {"name": "credentials", "mountPath": "/run/probe/secret", "readOnly": True}],
+                },
+            ],
+            "volumes": [
+                {"name": "workspace", "emptyDir": {"sizeLimit": "2Gi"}},
+                {"name": "config", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+                {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}},
+                {"name": "socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+                {"name": "capture", "emptyDir": {"sizeLimit": "2Gi"}},
+                {"name": "credentials", "secret": {"secretName": "provider", "optional": True, "defaultMode": 0o400,
+                                                   "items": [{"key": "credentials.json", "path": "credentials.json"}]}},
+            ],
+            "runtimeClassName": "gvisor",
+            "nodeSelector": {"pool": "probes"},
+            "tolerations": [{"key": "probes", "operator": "Exists"}],
+            "topologySpreadConstraints": [{
+                "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "probe-runner",
+                                                  "app.kubernetes.io/instance": "probe-runner",
+                                                  "app.kubernetes.io/component": "session",
+                                                  "probe-runner.io/campaign": "demo"}},
+            }],
+        },
+    }
+
+
+def test_session_pod_without_optional_parts(plan):
+    """No credentials Secret, no runtime class, no spread: nothing of theirs appears, and the
+    task never reaches the CLI's argv (only the entry point's environment)."""
+    settings = Settings(store="file:///tmp/s", kube={"spread_max_skew": None})
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 3, "the task")
+    spec = pod["spec"]
+    assert {"runtimeClassName", "nodeSelector", "tolerations", "topologySpreadConstraints", "imagePullSecrets"}.isdisjoint(spec)
+    assert [v["name"] for v in spec["volumes"]] == ["workspace", "config", "tmp", "socket", "capture"]
+    harness = spec["containers"][1]
+    assert "the task" not in harness["args"]
+    assert not any(e["name"] == "ANTHROPIC_API_KEY" for e in harness["env"])
+    assert pod["metadata"]["name"] == names.object_name("demo", "HW-PRB-0008", "absent-002", 3)
+    # The reader's capture volume is mounted by the reader alone.
+    assert "capture" not in {m["name"] for m in harness["volumeMounts"]}
+
+
+# ---- pod state -------------------------------------------------------------------------------
+
+def _pod(phase="Running", statuses=(), conditions=(), deleting=False, reason=None):
+    meta = {"name": "p", "uid": "u"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-03T00:00:00Z"
+    status = {"phase": phase, "containerStatuses": list(statuses), "conditions": list(conditions)}
+    if reason:
+        status["reason"] = reason
+    return {"metadata": meta, "status": status}
+
+
+def _cs(name, **state):
+    return {"name": name, "state": state}
+
+
+def test_pod_state_rules():
+    running = _pod(statuses=[_cs("reader", running={}), _cs("harness", running={})])
+    assert podstate.running(running, "reader") and podstate.lost(running) is None
+    done = _pod(statuses=[_cs("reader", running={}), _cs("harness", terminated={"exitCode": 0})])
+    assert podstate.terminated(done, "harness") == {"exitCode": 0} and podstate.terminated(done, "reader") is None
+    pulling = _pod(phase="Pending", statuses=[_cs("harness", waiting={"reason": "ImagePullBackOff", "message": "no such image"})])
+    assert podstate.never_started(pulling) == "harness: ImagePullBackOff: no such image"
+    assert podstate.never_started(_pod(phase="Pending", statuses=[_cs("harness", waiting={"reason": "ContainerCreating"})])) is None
+    pending = _pod(phase="Pending", conditions=[{"type": "PodScheduled", "status": "False", "message": "0/20 nodes are available"}])
+    assert podstate.unschedulable(pending) == "unschedulable: 0/20 nodes are available"
+    assert podstate.lost(None) == "the pod was deleted"
+    assert podstate.lost(_pod(deleting=True)) == "the pod is being deleted"
+    assert podstate.lost(_pod(phase="Failed", reason="Evicted")) == "the pod failed: Evicted"
+    assert podstate.lost(_pod(conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}])) \
+        == "the pod is disrupted: DeletionByTaintManager"
+    assert podstate.lost(_pod(statuses=[_cs("reader", terminated={"exitCode": 137, "reason": "OOMKilled"})])) \
+        == "the capture reader ended (OOMKilled)"
+
+
+def test_exec_exit_codes():
+    assert exit_code(b'{"metadata":{},"status":"Success"}') == 0
+    assert exit_code(json.dumps({"status": "Failure", "reason": "NonZeroExitCode",
+                                 "details": {"causes": [{"reason": "ExitCode", "message": "3"}]}})) == 3
+    assert exit_code('{"status":"Failure","message":"command terminated: exit status 7"}') == 7
+    # No status, or one that says nothing of an exit: the transfer broke off, nothing is trusted.
+    assert exit_code(b"") is None
+    assert exit_code(b"not json") is None
+    assert exit_code('{"status":"Failure","message":"container not found"}') is None
