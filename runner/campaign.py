@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from runner import digest, layout, stream
+from runner.throttle import Backoff, Signals, observe
 from runner.errors import NotStarted, SealError, SessionInterrupted, UserError
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
@@ -135,6 +136,10 @@ class Progress:
             print(f"[{self.done}/{self.total}] {spec.probe} {spec.name}: {status}  (cost so far ${self.cost:.4f})",
                   file=self.out, flush=True)
 
+    def note(self, text: str) -> None:
+        with self.lock:
+            print(text, file=self.out, flush=True)
+
 
 @dataclass
 class RunReport:
@@ -144,7 +149,10 @@ class RunReport:
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path, concurrency: int,
-                 produced: list[str], progress_out=sys.stderr, resume: set[str] | None = None) -> RunReport:
+                 produced: list[str], progress_out=sys.stderr, resume: set[str] | None = None,
+                 backoff: Backoff | None = None) -> RunReport:
+    """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
+    starts while the provider throttles (see runner/throttle.py)."""
     store_plan(store, plan)
     ledger = Ledger(store, plan.campaign)
     corpus_digest = corpus_fingerprint(corpus)
@@ -174,9 +182,18 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
-        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced, adopt)
+        if backoff is not None and not adopt:
+            backoff.wait()
+        signals = Signals()
+        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced,
+                               adopt, signals)
         report.ran.append(spec.key)
         progress.session(spec, status, cost)
+        if backoff is not None and status in ("succeeded", "failed"):
+            pause = backoff.record(signals)
+            if pause > 0:
+                progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
+                              f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s")
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for f in [pool.submit(one, item) for item in todo]:
@@ -185,9 +202,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
 
 
 def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, workdir: Path, spec: SessionSpec,
-            attempt: int, corpus_digest: str, produced: list[str], adopt: bool = False) -> tuple[str, Decimal | None]:
+            attempt: int, corpus_digest: str, produced: list[str], adopt: bool = False,
+            signals: Signals | None = None) -> tuple[str, Decimal | None]:
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
-    restarted controller finishes capturing it instead of starting it again)."""
+    restarted controller finishes capturing it instead of starting it again). What the stream
+    says about provider throttling is noted into ``signals``."""
     decl = declaration(plan, spec, corpus_digest)
     current = ledger.state(spec.key)
     if attempt > 1 and current.declaration is not None and current.declaration != decl:
@@ -229,7 +248,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
             return f"failed ({type(e).__name__}: {e})", None
         record["driver_produced"] = list(produced)
         store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
-        parsed = stream.parse(store.iter_lines(keys.stream))
+        parsed = stream.parse(observe(store.iter_lines(keys.stream), signals or Signals()))
         status = "failed" if record["timed_out"] else "succeeded"
         ledger.outcome(spec.key, attempt, status, {"stream": record["stream"], "exit_code": record["exit_code"],
                                                     "timed_out": record["timed_out"]})

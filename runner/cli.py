@@ -144,6 +144,7 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
     from runner.intake_job import run_job
     from runner.plan import load_plan
     from runner.store import open_store
+    from runner.throttle import Backoff
 
     plan = plan or load_plan(args.plan)
     corpus = (corpus or args.corpus).resolve()
@@ -153,8 +154,9 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
     executor = make_executor(getattr(args, "executor", "local"), settings)
     with campaign_lock(settings, plan.campaign):
         try:
+            backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
             report = run_sessions(plan, corpus, store, executor, settings.local.workdir, settings.concurrency,
-                                  getattr(args, "produced", []), resume=resume)
+                                  getattr(args, "produced", []), resume=resume, backoff=backoff)
         finally:
             if hasattr(executor, "close"):
                 executor.close()

@@ -57,6 +57,17 @@ class HarnessSettings(BaseModel):
     )
 
 
+class ThrottleSettings(BaseModel):
+    base_seconds: float = Field(
+        30.0, ge=0, description="Pause of new session starts after the first session whose stream shows provider "
+        "throttling (429/529 retries, a rejected rate-limit event), in seconds; doubled per further throttled "
+        "session, reset by a clean one. 0 turns the pause off. Default: 30.",
+    )
+    ceiling_seconds: float = Field(
+        900.0, ge=0, description="Longest pause, in seconds, also for a provider reset time further away. Default: 900.",
+    )
+
+
 class LocalSettings(BaseModel):
     workdir: Path = Field(
         Path(tempfile.gettempdir()) / "probe-runner",
@@ -124,6 +135,7 @@ class Settings(BaseSettings):
     concurrency: int = Field(2, ge=1, description="Sessions run at once. Default: 2.")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
+    throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
     kube: KubeSettings = Field(default_factory=KubeSettings)

@@ -1,0 +1,49 @@
+"""Provider throttling seen in a real stream holds back the next session start.
+
+The real CLI meets a scripted 429 in each session, retries (a ``system/api_retry`` line in
+its stdout) and completes; with concurrency 1 the second session may only start after the
+campaign's pause, which the ledger's own timestamps show.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+
+from runner import demo
+from runner.ledger import Ledger
+from runner.store import open_store
+
+SCENARIO = {"scenarios": [{"name": "throttled", "turns": [
+    {"error": {"status": 429, "type": "rate_limit_error", "message": "slow down"}, "times": 1},
+    {"text": "The decision says so.\ncurrent HW-DR-0052"},
+]}]}
+
+
+def _at(entry: dict) -> float:
+    return datetime.fromisoformat(entry["at"].replace("Z", "+00:00")).timestamp()
+
+
+def test_throttled_session_pauses_the_next_start(scripted_provider, claude_command, tmp_path):
+    provider = scripted_provider(SCENARIO)
+    data = json.loads(demo.PLAN.read_text())
+    data.update(campaign="throttle", arms=["present"], repetitions=2, probes=data["probes"][:1])
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    store = (tmp_path / "store").as_uri()
+    env = {**os.environ, "RUNNER_STORE": store, "RUNNER_PROVIDER__BASE_URL": provider.base_url,
+           "RUNNER_PROVIDER__API_KEY": "k", "RUNNER_HARNESS__COMMAND": claude_command[0],
+           "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"), "RUNNER_THROTTLE__BASE_SECONDS": "3"}
+    proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(demo.CORPUS),
+                           "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "provider throttling in HW-PRB-0007/present-001 (1 retries): new sessions wait 3 s" in proc.stderr, proc.stderr
+    ledger = Ledger(open_store(store), "throttle")
+    first_done = next(e for e in ledger.entries if e["type"] == "outcome" and e["session"] == "HW-PRB-0007/present-001")
+    second_intent = next(e for e in ledger.entries if e["type"] == "intent" and e["session"] == "HW-PRB-0007/present-002")
+    assert first_done["status"] == "succeeded"
+    assert _at(second_intent) - _at(first_done) >= 2.9
+    assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
