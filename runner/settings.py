@@ -122,6 +122,8 @@ class KubeSettings(BaseModel):
     transfer_chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096, description="Bytes per exec transfer of the stream; transfers are short, resumed by offset and verified. Default: 4 MiB.")
     transfer_timeout_seconds: float = Field(60.0, gt=0, description="Limit of one exec transfer, in seconds; a stalled transfer is abandoned and resumed from its offset. Default: 60.")
     watch_timeout_seconds: int = Field(300, ge=10, description="Server-side timeout of one pod watch, in seconds; the watch is then resumed from its resourceVersion. Default: 300.")
+    store_secret: str | None = Field(None, description="Secret whose keys become the controller Job's environment for the bucket (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN): the chart's bucket.credentialsSecret. Unset where the controller's service account is given bucket access another way (IRSA, a node role). Default: none.")
+    controller_resources: ResourceSettings = Field(default_factory=ResourceSettings, description="Requests and limits of the controller Job's container (it seals workspaces and spools streams). Default: as the harness's.")
 
 
 class Settings(BaseSettings):

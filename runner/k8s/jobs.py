@@ -1,0 +1,119 @@
+"""The controller Job of one campaign, as a pure function of the settings (a plain dict; no I/O).
+
+Why a Job per campaign, created by ``probe-runner submit``, and not a Deployment that watches
+for campaigns: the controller is already a run-to-the-end program (``probe-runner controller
+--campaign C``) that is safe to restart, so the Job controller's retry is all the supervision
+it needs; a campaign's whole life is one object an operator can list, read and delete; and no
+second source of "which campaigns exist" (a CRD, a queue) has to be kept in step with the
+bucket.
+
+What the Job refers to is installed by the Helm chart (helm/probe-runner) under names derived
+from the install name (``kube.instance``, the Helm release), so a user needs only the namespace
+and the install name to submit:
+
+- the ServiceAccount ``<instance>-controller``, whose Role allows exactly what the controller
+  does to session pods (see the chart's role.yaml);
+- the ConfigMap ``<instance>-settings``: the ``RUNNER_*`` settings of the install, taken whole
+  as the container's environment, so the controller runs with the operator's settings and not
+  with whatever the submitting workstation has;
+- ``kube.store_secret``, when set: the bucket credentials.
+
+Exit statuses 1 (sessions left interrupted), 2 (bad input) and 12 (refused or not confinable)
+are outcomes a second run cannot change, so they fail the Job at once; anything else (a crash,
+an OOM kill, a lost node) is retried up to ``BACKOFF_LIMIT`` times, which is safe because a
+restarted controller adopts live pods and never repeats a session. A disruption (eviction,
+preemption) is not counted against that limit.
+"""
+
+from __future__ import annotations
+
+from runner.k8s import names
+from runner.settings import Settings
+
+CONTROLLER_CONTAINER = "controller"
+BACKOFF_LIMIT = 3
+TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
+FINAL_EXIT_CODES = [1, 2, 12]
+ANNOTATION_CAMPAIGN = f"{names.GROUP}/campaign"
+SCRATCH = "/tmp"
+
+
+def controller_service_account(instance: str) -> str:
+    return f"{instance}-controller"
+
+
+def settings_config_map(instance: str) -> str:
+    return f"{instance}-settings"
+
+
+def job_name(campaign: str) -> str:
+    return names.object_name("controller", campaign)
+
+
+def controller_job(settings: Settings, campaign: str) -> dict:
+    """The Job that runs every session of ``campaign`` as pods, then the transform."""
+    k = settings.kube
+    r = k.controller_resources
+    labels = {**names.component_labels(k.instance, names.CONTROLLER_COMPONENT),
+              names.CAMPAIGN: names.label_value(campaign)}
+    env_from: list[dict] = [{"configMapRef": {"name": settings_config_map(k.instance)}}]
+    if k.store_secret:
+        env_from.append({"secretRef": {"name": k.store_secret}})
+    pod_spec: dict = {
+        "serviceAccountName": controller_service_account(k.instance),
+        "automountServiceAccountToken": True,  # the controller talks to the API server
+        "enableServiceLinks": False,
+        "restartPolicy": "Never",
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": k.reader_uid,
+            "runAsGroup": k.reader_uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [{
+            "name": CONTROLLER_CONTAINER,
+            "image": k.reader_image,  # the runner image: reader and controller are one package
+            "imagePullPolicy": k.image_pull_policy,
+            "command": ["probe-runner", "controller", "--campaign", campaign],
+            "envFrom": env_from,
+            # Scratch (sealed workspaces, the corpus, stream spools) on the one writable volume.
+            "env": [{"name": "TMPDIR", "value": SCRATCH}],
+            "resources": {
+                "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
+                "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},
+            },
+            "securityContext": {
+                "runAsNonRoot": True,
+                "readOnlyRootFilesystem": True,
+                "allowPrivilegeEscalation": False,
+                "privileged": False,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
+        }],
+        "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}}],
+    }
+    if k.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in k.image_pull_secrets]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(campaign),
+            "namespace": k.namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_CAMPAIGN: campaign},
+        },
+        "spec": {
+            "backoffLimit": BACKOFF_LIMIT,
+            "ttlSecondsAfterFinished": TTL_SECONDS,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": CONTROLLER_CONTAINER, "operator": "In",
+                                                      "values": FINAL_EXIT_CODES}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]},
+            "template": {"metadata": {"labels": labels, "annotations": {ANNOTATION_CAMPAIGN: campaign}},
+                         "spec": pod_spec},
+        },
+    }

@@ -1,0 +1,75 @@
+"""The controller Job builder, against complete expected dicts."""
+
+from __future__ import annotations
+
+from runner.k8s import jobs, names
+from runner.settings import Settings
+
+HARDENED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
+            "privileged": False, "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def test_controller_job_complete():
+    settings = Settings(store="s3://b/p", kube={
+        "namespace": "probes", "instance": "team-a", "reader_image": "registry.example/runner:1.2.3",
+        "image_pull_policy": "Always", "image_pull_secrets": ["pull"], "store_secret": "bucket",
+        "controller_resources": {"cpu_request": "250m", "memory_request": "512Mi", "cpu_limit": "1",
+                                 "memory_limit": "2Gi", "ephemeral_storage_limit": "5Gi"}})
+    campaign = "status-2026-12-02"
+    job = jobs.controller_job(settings, campaign)
+    labels = {"app.kubernetes.io/name": "probe-runner", "app.kubernetes.io/instance": "team-a",
+              "app.kubernetes.io/component": "controller", "app.kubernetes.io/part-of": "probe-runner",
+              "app.kubernetes.io/managed-by": "probe-runner", "probe-runner.io/campaign": campaign}
+    assert job == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": names.object_name("controller", campaign), "namespace": "probes", "labels": labels,
+                     "annotations": {"probe-runner.io/campaign": campaign}},
+        "spec": {
+            "backoffLimit": 3,
+            "ttlSecondsAfterFinished": 604800,
+            "podFailurePolicy": {"rules": [
+                {"action": "FailJob", "onExitCodes": {"containerName": "controller", "operator": "In",
+                                                      "values": [1, 2, 12]}},
+                {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            ]},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {"probe-runner.io/campaign": campaign}},
+                "spec": {
+                    "serviceAccountName": "team-a-controller",
+                    "automountServiceAccountToken": True,
+                    "enableServiceLinks": False,
+                    "restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10002, "runAsGroup": 10002,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "controller",
+                        "image": "registry.example/runner:1.2.3",
+                        "imagePullPolicy": "Always",
+                        "command": ["probe-runner", "controller", "--campaign", campaign],
+                        "envFrom": [{"configMapRef": {"name": "team-a-settings"}}, {"secretRef": {"name": "bucket"}}],
+                        "env": [{"name": "TMPDIR", "value": "/tmp"}],
+                        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"},
+                                      "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "5Gi"}},
+                        "securityContext": HARDENED,
+                        "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
+                    }],
+                    "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "5Gi"}}],
+                    "imagePullSecrets": [{"name": "pull"}],
+                },
+            },
+        },
+    }
+
+
+def test_controller_job_without_bucket_secret_or_pull_secrets():
+    """With IRSA-style access there is no Secret to name, and none is invented."""
+    job = jobs.controller_job(Settings(store="s3://b/p"), "c")
+    spec = job["spec"]["template"]["spec"]
+    assert spec["containers"][0]["envFrom"] == [{"configMapRef": {"name": "probe-runner-settings"}}]
+    assert "imagePullSecrets" not in spec
+    assert spec["serviceAccountName"] == "probe-runner-controller"
+    assert job["metadata"]["namespace"] == "probe-runner"
+    # One Job per campaign: the same campaign always names the same Job, another never does.
+    assert job["metadata"]["name"] == jobs.controller_job(Settings(store="s3://x/y"), "c")["metadata"]["name"]
+    assert job["metadata"]["name"] != jobs.controller_job(Settings(store="s3://b/p"), "C")["metadata"]["name"]
