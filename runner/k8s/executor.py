@@ -71,11 +71,11 @@ class KubernetesExecutor:
 
     def preflight(self) -> None:
         """Refuse to start where session pods would not be confined as promised."""
-        from runner.k8s.policy import foreign_policies_selecting
+        from runner.k8s.policy import foreign_policies_selecting, own_policy_names
 
         k = self.settings.kube
         probe_labels = names.session_labels(k.instance, "preflight", "preflight", "preflight", 1)
-        foreign = foreign_policies_selecting(self.kube.network_policies(), probe_labels)
+        foreign = foreign_policies_selecting(self.kube.network_policies(), probe_labels, own_policy_names(self.settings))
         if foreign:
             raise UserError(
                 f"namespace {k.namespace}: NetworkPolicy {', '.join(sorted(foreign))} also selects session pods; "

@@ -1,0 +1,269 @@
+"""The network confinement of session pods: NetworkPolicies, the egress proxy's address in the
+pod, and the start-up check that no other policy reopens what ours close.
+
+A session pod may reach the egress proxy's pods on the proxy port and nothing else: no DNS,
+no API server, no metadata service, no other pod. The proxy (``runner.k8s.egress``) then
+allows CONNECT to the provider host alone. The proxy pods accept connections from session
+pods only and may reach TCP on the provider port (any address: Squid's ACL restricts the
+host) and DNS to resolve that host. Where the cluster runs Cilium, ``cilium_fqdn_policy`` can
+replace the proxy's any-address egress with the provider host's own addresses.
+
+Everything here is a pure builder; the chart renders what these return and the executor
+checks the namespace against them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import urlsplit
+
+from runner.errors import UserError
+from runner.k8s import names
+from runner.k8s.egress import is_dns_name
+from runner.settings import Settings
+
+DNS_PORT = 53
+HTTPS_PORT = 443
+# Where Cilium's DNS proxy sees the proxy pods' lookups: the cluster DNS pods (kube-dns or
+# CoreDNS, both labelled k8s-app=kube-dns in kube-system).
+CLUSTER_DNS = {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}
+# Labels whose values differ from one session pod to the next (see foreign_policies_selecting).
+PER_SESSION_LABELS = frozenset({names.CAMPAIGN, names.PROBE, names.SESSION, names.ATTEMPT})
+
+
+def provider_endpoint(settings: Settings) -> tuple[str, int]:
+    """(host, port) of ``provider.base_url``: the one destination the egress proxy allows.
+
+    Refused unless https with a DNS host name: the proxy tunnels TLS only (CONNECT, SNI
+    checked), SNI carries names and never addresses, and Cilium's toFQDNs needs a name too.
+    """
+    url = settings.provider.base_url
+    try:
+        parts = urlsplit(url)
+        port = parts.port or HTTPS_PORT
+    except ValueError as e:
+        raise UserError(f"provider.base_url {url!r}: {e}") from None
+    if parts.scheme != "https" or not parts.hostname:
+        raise UserError(f"provider.base_url {url!r}: the kubernetes executor's egress proxy only tunnels TLS, "
+                        "so it must be an https:// URL with a host")
+    if _is_ip(parts.hostname) or not is_dns_name(parts.hostname):
+        raise UserError(f"provider.base_url {url!r}: the host must be a DNS name, not an address "
+                        "(the egress proxy checks the TLS server name against it)")
+    return parts.hostname, port
+
+
+def proxy_endpoint(settings: Settings) -> tuple[str, int]:
+    """(host, port) of ``kube.proxy_url``. The port must be explicit: the NetworkPolicies open
+    exactly that port on the proxy pods, so the proxy Service's port must equal its targetPort
+    and Squid's listen port (policies see the pod port, after the Service's translation)."""
+    url = settings.kube.proxy_url
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise UserError(f"kube.proxy_url {url!r}: {e}") from None
+    if parts.scheme != "http" or not parts.hostname or port is None:
+        raise UserError(f"kube.proxy_url {url!r}: must be http://HOST:PORT (the egress proxy Service and its port)")
+    return parts.hostname, port
+
+
+def proxy_service_name(settings: Settings) -> str | None:
+    """The Service whose ClusterIP ``session_proxy_url`` needs, or None when ``kube.proxy_url``
+    already names an address. A qualified name (``svc.ns``, ``svc.ns.svc.cluster.local``)
+    must name our own namespace: a NetworkPolicy's podSelector only reaches pods there."""
+    host, _ = proxy_endpoint(settings)
+    if _is_ip(host):
+        return None
+    service, _, rest = host.partition(".")
+    namespace = rest.split(".")[0]
+    if namespace and namespace != settings.kube.namespace:
+        raise UserError(f"kube.proxy_url: the egress proxy Service must be in namespace {settings.kube.namespace}, "
+                        f"not {namespace} (the NetworkPolicy only admits proxy pods there)")
+    return service
+
+
+def session_proxy_url(settings: Settings, cluster_ip: str | None) -> str:
+    """HTTPS_PROXY for the harness: the proxy Service's ClusterIP and port, never its name.
+
+    A session pod may send no DNS query (DESIGN: "DNS and every other host are closed"), so
+    it cannot resolve the Service name in ``kube.proxy_url``. The executor reads the Service
+    named by ``proxy_service_name`` once and passes its ``spec.clusterIP`` here. An address
+    needs no resolver at all, where a hostAliases entry would work only if the harness's
+    resolver reads /etc/hosts (Node and Bun resolvers differ). The NetworkPolicy still
+    matches: the Service's translation to a proxy pod happens before the policy is applied,
+    so the podSelector rule admits ClusterIP traffic. With the provider reached through
+    CONNECT, the harness itself never resolves the provider host either.
+
+    ``cluster_ip`` is ignored when ``kube.proxy_url`` already names an address.
+    """
+    host, port = proxy_endpoint(settings)
+    if _is_ip(host):
+        return f"http://{_url_host(host)}:{port}"
+    if not cluster_ip or not _is_ip(cluster_ip):
+        raise UserError(f"the egress proxy Service {proxy_service_name(settings)} has no cluster IP "
+                        f"({cluster_ip or 'none'}); it must be a ClusterIP Service, not headless")
+    return f"http://{_url_host(cluster_ip)}:{port}"
+
+
+def own_policy_names(settings: Settings) -> set[str]:
+    """Names of the two NetworkPolicies this install makes (``foreign_policies_selecting``
+    leaves them out)."""
+    return {_policy_name(settings, names.SESSION_COMPONENT), _policy_name(settings, names.PROXY_COMPONENT)}
+
+
+def session_network_policy(settings: Settings) -> dict:
+    """Session pods: no ingress at all (exec and logs come through the kubelet, not the pod
+    network), egress only to the proxy pods on the proxy port, so no DNS either."""
+    k = settings.kube
+    _, proxy_port = proxy_endpoint(settings)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(settings, _policy_name(settings, names.SESSION_COMPONENT), names.SESSION_COMPONENT),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)},
+            "policyTypes": ["Ingress", "Egress"],
+            "egress": [{
+                "to": [{"podSelector": {"matchLabels": names.selector(k.instance, names.PROXY_COMPONENT)}}],
+                "ports": [{"protocol": "TCP", "port": proxy_port}],
+            }],
+        },
+    }
+
+
+def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) -> dict:
+    """Proxy pods: ingress only from session pods on the proxy port; egress to TCP on the
+    provider port at any address (Squid allows the provider host alone; its addresses are not
+    known here and change) plus DNS over UDP and TCP to resolve it.
+
+    With ``egress_by_cilium`` the policy isolates ingress only and leaves egress to
+    ``cilium_fqdn_policy``: allow rules add up, so an any-address rule here would make the
+    FQDN restriction moot. Kubelet probes come from the node, which common CNIs admit
+    regardless of policy; probe the proxy with tcpSocket or exec.
+    """
+    k = settings.kube
+    _, proxy_port = proxy_endpoint(settings)
+    spec: dict = {
+        "podSelector": {"matchLabels": names.selector(k.instance, names.PROXY_COMPONENT)},
+        "policyTypes": ["Ingress"] if egress_by_cilium else ["Ingress", "Egress"],
+        "ingress": [{
+            "from": [{"podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)}}],
+            "ports": [{"protocol": "TCP", "port": proxy_port}],
+        }],
+    }
+    if not egress_by_cilium:
+        _, provider_port = provider_endpoint(settings)
+        spec["egress"] = [
+            {"ports": [{"protocol": "TCP", "port": provider_port}]},
+            {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+        ]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(settings, _policy_name(settings, names.PROXY_COMPONENT), names.PROXY_COMPONENT),
+        "spec": spec,
+    }
+
+
+def cilium_fqdn_policy(settings: Settings) -> dict:
+    """Cilium alternative for the proxy pods' egress: the provider port only at the addresses
+    the provider host resolved to. ``toFQDNs`` learns those addresses from the pods' DNS
+    answers, so DNS must pass Cilium's DNS proxy: the rule on port 53 with ``matchPattern:
+    "*"`` intercepts every lookup (narrowing it there would only break resolution), and the
+    restriction is the toFQDNs rule. Other names on the same addresses are still reachable at
+    the IP level (cilium #31803); Squid's SNI check is what closes that.
+
+    Use with ``proxy_network_policy(settings, egress_by_cilium=True)``.
+    """
+    k = settings.kube
+    host, port = provider_endpoint(settings)
+    return {
+        "apiVersion": "cilium.io/v2",
+        "kind": "CiliumNetworkPolicy",
+        "metadata": _metadata(settings, names.object_name(k.instance, names.PROXY_COMPONENT, "fqdn-policy"),
+                              names.PROXY_COMPONENT),
+        "spec": {
+            "endpointSelector": {"matchLabels": names.selector(k.instance, names.PROXY_COMPONENT)},
+            "egress": [
+                {"toEndpoints": [{"matchLabels": dict(CLUSTER_DNS)}],
+                 "toPorts": [{"ports": [{"port": str(DNS_PORT), "protocol": "ANY"}],
+                              "rules": {"dns": [{"matchPattern": "*"}]}}]},
+                {"toFQDNs": [{"matchName": host}],
+                 "toPorts": [{"ports": [{"port": str(port), "protocol": "TCP"}]}]},
+            ],
+        },
+    }
+
+
+def foreign_policies_selecting(policies: list[dict], labels: dict[str, str], own: set[str]) -> list[str]:
+    """Names, sorted, of the NetworkPolicies (API dicts, camelCase) other than ``own`` that
+    select a pod labelled ``labels`` and allow anything for it.
+
+    NetworkPolicy allow rules add up: any policy that selects session pods and has an ingress
+    or egress rule in force reopens what ours closes. A policy that only isolates (no rules,
+    or rules of a type its policyTypes leave out) takes nothing away and is not reported.
+    The per-session labels (campaign, probe, session, attempt) take another value on every
+    pod, so a selector term on one of them is taken to match: some session pod carries, or
+    lacks, the value it names. An operator this code does not know is taken to match too:
+    when in doubt, refuse to start.
+    """
+    return sorted(
+        p["metadata"]["name"] for p in policies
+        if p["metadata"]["name"] not in own
+        and _allows_something(p.get("spec") or {})
+        and _selects((p.get("spec") or {}).get("podSelector") or {}, labels)
+    )
+
+
+def _allows_something(spec: dict) -> bool:
+    """Whether a policy has an allow rule in force. Without policyTypes the API assumes
+    Ingress always and Egress when there are egress rules."""
+    types = spec.get("policyTypes") or ["Ingress", *(["Egress"] if spec.get("egress") else [])]
+    return ("Ingress" in types and bool(spec.get("ingress"))) or ("Egress" in types and bool(spec.get("egress")))
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """LabelSelector semantics (an empty selector selects every pod), per-session labels as
+    wildcards."""
+    wild = PER_SESSION_LABELS & labels.keys()
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if key not in wild and labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        if op == "Exists":
+            ok = key in labels
+        elif op == "DoesNotExist":
+            ok = key not in labels
+        elif key in wild:
+            ok = True
+        elif op == "In":
+            ok = key in labels and labels[key] in values
+        elif op == "NotIn":
+            ok = key not in labels or labels[key] not in values
+        else:
+            ok = True
+        if not ok:
+            return False
+    return True
+
+
+def _policy_name(settings: Settings, component: str) -> str:
+    return names.object_name(settings.kube.instance, component, "policy")
+
+
+def _metadata(settings: Settings, name: str, component: str) -> dict:
+    k = settings.kube
+    return {"name": name, "namespace": k.namespace, "labels": names.component_labels(k.instance, component)}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _url_host(ip: str) -> str:
+    return f"[{ip}]" if ":" in ip else ip
