@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +25,10 @@ EPILOG = """settings come from the environment (prefix RUNNER_, '__' between nes
   RUNNER_PROVIDER__API_KEY=...   RUNNER_HARNESS__COMMAND=/usr/bin/claude
 flags override them. Exit status: 0 all recorded; 1 sessions left interrupted; 2 bad input;
 12 a session could not be confined or something was refused (see the refused section)."""
+
+
+SUMS = "SHA256SUMS"  # beside the transcripts: what the transform wrote, as `sha256sum` prints it
+FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
@@ -60,6 +66,31 @@ def build_parser() -> argparse.ArgumentParser:
         _store_arg(p)
         if name == "status":
             p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+            p.add_argument("--watch", action="store_true",
+                           help="follow the campaign until every session is final: a live progress bar on a terminal, "
+                                "a plain line per change otherwise")
+            p.add_argument("--interval", type=float, default=10.0, metavar="SECONDS",
+                           help="seconds between two reads of the ledger with --watch (default: 10)")
+
+    submit = sub.add_parser("submit", help="upload a plan and its corpus to the bucket and start the campaign in the cluster",
+                            description="Store PLAN and the corpus under the campaign in the bucket (create-only: a campaign "
+                                        "name is bound to one plan and corpus for good), then create the campaign's controller "
+                                        "Job in $RUNNER_KUBE__NAMESPACE, which runs every session as a pod and then the "
+                                        "transform. Submitting the same campaign again changes nothing. Needs the Helm chart "
+                                        "installed as $RUNNER_KUBE__INSTANCE and an s3:// store.")
+    submit.add_argument("plan", type=Path, help="the plan file (JSON, or YAML by .yaml/.yml)")
+    submit.add_argument("--corpus", type=Path, required=True, help="the corpus directory the plan was made over")
+    _store_arg(submit)
+
+    logs = sub.add_parser("logs", help="print one session's raw harness stream from the store",
+                          description="Write the stream.jsonl of PROBE SESSION (the harness's standard output, byte for "
+                                      "byte) to stdout, checked against the sha256 the ledger recorded. A stream that "
+                                      "could not be proven complete is printed with a warning on stderr.")
+    logs.add_argument("campaign")
+    logs.add_argument("probe", help="probe id, e.g. HW-PRB-0007")
+    logs.add_argument("session", help="session name, e.g. present-001")
+    logs.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
+    _store_arg(logs)
 
     ctl = sub.add_parser("controller", help="in-cluster entry point: run a submitted campaign's sessions as pods",
                          description="Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes "
@@ -68,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--concurrency", type=int, help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
     _store_arg(ctl)
 
-    pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals",
-                          description="Copy transcripts/ of CAMPAIGN into DEST.")
+    pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals, verifying their digests",
+                          description="Copy transcripts/ of CAMPAIGN into DEST after checking every file against the "
+                                      f"{SUMS} the transform wrote beside them (also copied: `sha256sum -c {SUMS}` "
+                                      "re-checks them later). Nothing is written unless every file verifies.")
     pull.add_argument("campaign")
     pull.add_argument("--dest", type=Path, required=True)
     _store_arg(pull)
@@ -141,7 +174,6 @@ def make_executor(name: str, settings: Settings):
 
 def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> int:
     from runner.campaign import run_sessions
-    from runner.intake_job import run_job
     from runner.plan import load_plan
     from runner.store import open_store
     from runner.throttle import Backoff
@@ -163,7 +195,7 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
         for key in report.interrupted:
             print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
-        job = run_job(store, plan)
+        job = transform_and_seal(store, plan)
     return _print_report(store, plan, job)
 
 
@@ -171,6 +203,11 @@ def cmd_controller(args, settings: Settings) -> int:
     from runner.campaign import fetch_corpus, load_stored_plan
     from runner.store import open_store
 
+    if settings.kube.proxy_service:  # session pods have no DNS: they get the proxy's address
+        from runner.k8s.api import Kube
+
+        ip, port = Kube(settings.kube).service_address(settings.kube.proxy_service)
+        settings.kube.proxy_url = f"http://{ip}:{port}"
     store = open_store(settings.store, settings)
     plan = load_stored_plan(store, args.campaign)
     corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
@@ -184,39 +221,152 @@ def cmd_demo(args, settings: Settings) -> int:
     return run_demo(settings, cmd_run)
 
 
+def transform_and_seal(store, plan):
+    """The transform, then the digests of what it left under transcripts/ (SHA256SUMS), which
+    `pull` checks every download against."""
+    from runner.intake_job import run_job
+
+    report = run_job(store, plan)
+    prefix = layout.transcripts_prefix(plan.campaign)
+    lines = [f"{hashlib.sha256(store.get(k)).hexdigest()}  {k[len(prefix):]}\n"
+             for k in store.list(prefix) if k != prefix + SUMS]
+    store.put(prefix + SUMS, "".join(lines).encode())
+    return report
+
+
 def cmd_transform(args, settings: Settings) -> int:
     from runner.campaign import load_stored_plan
-    from runner.intake_job import run_job
     from runner.store import open_store
 
     store = open_store(settings.store, settings)
     plan = load_stored_plan(store, args.campaign)
-    return _print_report(store, plan, run_job(store, plan))
+    return _print_report(store, plan, transform_and_seal(store, plan))
+
+
+def campaign_status(store, plan, costs: dict) -> dict:
+    """Sessions by state, the cost stated by the streams captured so far, and the refusals
+    (refusals.json once the transform wrote it, else the sessions refused so far). ``costs``
+    caches each stream's cost by key: a captured stream never changes."""
+    from decimal import Decimal
+
+    from runner import stream
+    from runner.ledger import Ledger
+
+    states = Ledger(store, plan.campaign).sessions()
+    counts: dict[str, int] = {}
+    for spec in plan.sessions():
+        st = states.get(spec.key)
+        counts[st.status if st else "pending"] = counts.get(st.status if st else "pending", 0) + 1
+    for st in states.values():
+        key = (st.detail.get("stream") or {}).get("key") if st.outcome else None
+        if key and key not in costs:
+            costs[key] = stream.parse(store.iter_lines(key)).cost_usd
+    cost = sum((c for c in costs.values() if c is not None), Decimal(0))
+    if store.exists(layout.refusals_key(plan.campaign)):
+        refusals = json.loads(store.get(layout.refusals_key(plan.campaign)))["refusals"]
+    else:
+        refusals = [{"scope": "session", "session": s.key, "reason": s.detail.get("reason", "")}
+                    for s in states.values() if s.status == "refused"]
+    total = sum(counts.values())
+    return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
+            "sessions": counts, "cost_usd": str(cost), "refusals": refusals}
+
+
+def _status_line(st: dict, width: int = 24) -> str:
+    done = width * st["final"] // st["total"] if st["total"] else width
+    running = st["sessions"].get("started", 0)
+    return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running, "
+            f"cost ${st['cost_usd']}, refusals {len(st['refusals'])}")
 
 
 def cmd_status(args, settings: Settings) -> int:
+    from runner.campaign import load_stored_plan
+    from runner.store import open_store
+
+    store = open_store(settings.store, settings)
+    plan = load_stored_plan(store, args.campaign)
+    costs: dict = {}
+    st = campaign_status(store, plan, costs)
+    if args.watch:
+        tty, last = sys.stdout.isatty(), None
+        while True:
+            line = _status_line(st)
+            if tty:
+                print(f"\r{line}\033[K", end="", flush=True)
+            elif line != last:
+                print(line, flush=True)
+            last = line
+            if st["final"] == st["total"]:
+                break
+            time.sleep(args.interval)
+            st = campaign_status(store, plan, costs)
+        if tty:
+            print()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"campaign {plan.campaign}: {st['total']} sessions")
+    for k in sorted(st["sessions"]):
+        print(f"  {k}: {st['sessions'][k]}")
+    print(f"cost so far: ${st['cost_usd']} (as the captured streams state it)")
+    print(f"refusals: {len(st['refusals'])}")
+    return 0
+
+
+def cmd_submit(args, settings: Settings) -> int:
+    from runner.campaign import store_corpus, store_plan
+    from runner.k8s import jobs
+    from runner.k8s.api import Kube
+    from runner.plan import load_plan
+    from runner.store import open_store
+
+    if not settings.store.startswith("s3://"):
+        raise UserError(f"store {settings.store}: the controller Job runs in the cluster and reads the campaign from the "
+                        "bucket; submit needs an s3:// store (--store or RUNNER_STORE)")
+    plan = load_plan(args.plan)
+    corpus = args.corpus.resolve()
+    if not corpus.is_dir():
+        raise UserError(f"corpus {corpus} is not a directory")
+    store = open_store(settings.store, settings)
+    store_plan(store, plan)
+    corpus_digest = store_corpus(store, plan.campaign, corpus)
+    job = jobs.controller_job(settings, plan.campaign)
+    created = Kube(settings.kube).create_job(job)
+    where = f"{settings.kube.namespace}/{job['metadata']['name']}"
+    print(f"plan: {store.uri}/{layout.plan_key(plan.campaign)}")
+    print(f"corpus: {store.uri}/{layout.corpus_key(plan.campaign)} ({corpus_digest})")
+    print(f"controller job: {where} ({'created' if created else 'exists already: submitted before'})")
+    print(f"watch it: probe-runner status {plan.campaign} --watch")
+    return 0
+
+
+def cmd_logs(args, settings: Settings) -> int:
     from runner.campaign import load_stored_plan
     from runner.ledger import Ledger
     from runner.store import open_store
 
     store = open_store(settings.store, settings)
     plan = load_stored_plan(store, args.campaign)
-    states = Ledger(store, plan.campaign).sessions()
-    counts: dict[str, int] = {}
-    for spec in plan.sessions():
-        st = states.get(spec.key)
-        counts[st.status if st else "pending"] = counts.get(st.status if st else "pending", 0) + 1
-    refusals = []
-    if store.exists(layout.refusals_key(plan.campaign)):
-        refusals = json.loads(store.get(layout.refusals_key(plan.campaign)))["refusals"]
-    if args.json:
-        print(json.dumps({"campaign": plan.campaign, "sessions": counts, "refusals": refusals}, indent=2))
-        return 0
-    total = sum(counts.values())
-    print(f"campaign {plan.campaign}: {total} sessions")
-    for k in sorted(counts):
-        print(f"  {k}: {counts[k]}")
-    print(f"refusals: {len(refusals)}")
+    st = Ledger(store, plan.campaign).state(f"{args.probe}/{args.session}")
+    if st.attempt == 0 and not args.attempt:
+        raise UserError(f"{args.probe}/{args.session}: no such session has run in campaign {plan.campaign!r}")
+    keys = layout.SessionKeys(plan.campaign, args.probe, args.session, args.attempt or st.attempt)
+    recorded = (st.detail.get("stream") or {}) if st.attempt == keys.attempt else {}
+    if store.exists(keys.stream):
+        key, want = keys.stream, recorded.get("sha256") if recorded.get("key") == keys.stream else None
+    elif store.exists(keys.partial_stream):
+        key, want = keys.partial_stream, None
+        print(f"probe-runner: {key}: the stream could not be proven complete; this is what was kept", file=sys.stderr)
+    else:
+        raise UserError(f"{args.probe}/{args.session} attempt {keys.attempt}: no stream in {store.uri} (status {st.status})")
+    sha, out = hashlib.sha256(), sys.stdout.buffer
+    with store.open(key) as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+            out.write(chunk)
+    out.flush()
+    if want and "sha256:" + sha.hexdigest() != want:
+        raise StoreError(f"{key}: read sha256:{sha.hexdigest()}, the ledger recorded {want}")
     return 0
 
 
@@ -228,11 +378,30 @@ def cmd_pull(args, settings: Settings) -> int:
     keys = store.list(prefix)
     if not keys:
         raise UserError(f"campaign {args.campaign!r} has no transcripts in {store.uri} (run `probe-runner transform` first)")
+    if prefix + SUMS not in keys:
+        raise UserError(f"campaign {args.campaign!r}: no {SUMS} beside the transcripts in {store.uri}; "
+                        f"`probe-runner transform {args.campaign}` writes it")
+    sums = store.get(prefix + SUMS)
+    want = {name: hexdigest for hexdigest, name in (line.split("  ", 1) for line in sums.decode().splitlines())}
+    have = {k[len(prefix):] for k in keys} - {SUMS}
+    if have != set(want):
+        extra, missing = sorted(have - set(want)), sorted(set(want) - have)
+        raise StoreError(f"{store.uri}/{prefix}: the files differ from {SUMS}"
+                         + (f"; not listed: {', '.join(extra)}" if extra else "")
+                         + (f"; listed but missing: {', '.join(missing)}" if missing else ""))
+    fetched = {}
+    for name in sorted(want):
+        data = store.get(prefix + name)
+        if hashlib.sha256(data).hexdigest() != want[name]:
+            raise StoreError(f"{store.uri}/{prefix}{name}: sha256 {hashlib.sha256(data).hexdigest()} differs from "
+                             f"{SUMS}'s {want[name]}; nothing was written")
+        fetched[name] = data
+    fetched[SUMS] = sums
     args.dest.mkdir(parents=True, exist_ok=True)
-    for key in keys:
-        target = args.dest / key[len(prefix):]
+    for name, data in fetched.items():
+        target = args.dest / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(store.get(key))
+        target.write_bytes(data)
         print(target)
     return 0
 
@@ -285,7 +454,7 @@ def cmd_ledger(args, settings: Settings) -> int:
 
 
 COMMANDS = {"run": cmd_run, "controller": cmd_controller, "demo": cmd_demo, "status": cmd_status, "transform": cmd_transform,
-            "pull": cmd_pull, "ledger": cmd_ledger}
+            "pull": cmd_pull, "ledger": cmd_ledger, "submit": cmd_submit, "logs": cmd_logs}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runner.errors import UserError
@@ -107,12 +107,13 @@ class KubeSettings(BaseModel):
     image_pull_secrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets for session pods. Default: none.")
     credentials_secret: str | None = Field(None, description="Secret holding the provider credentials: key api-key (ANTHROPIC_API_KEY) and/or credentials.json (copied into the session's configuration directory). Default: none.")
     proxy_url: str = Field("http://probe-runner-egress-proxy:3128", description="HTTPS_PROXY of the harness: the egress proxy Service. Default: http://probe-runner-egress-proxy:3128.")
+    proxy_service: str | None = Field(None, description="Name of the egress proxy's Service (the chart sets <release>-egress-proxy): the controller reads its ClusterIP and port at start and gives sessions HTTPS_PROXY=http://IP:PORT instead of proxy_url, because session pods have no DNS. Default: unset (proxy_url as given).")
     harness_uid: int = Field(10001, ge=1, description="uid and gid the harness (and every process of the session) runs as. Default: 10001.")
     reader_uid: int = Field(10002, ge=1, description="uid and gid of the capture reader; differs from harness_uid so the session cannot reach it. Default: 10002.")
     runtime_class: str | None = Field(None, description="runtimeClassName of session pods (e.g. gvisor). Default: unset (the cluster's default runtime).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of session pods. Default: none.")
     tolerations: list[dict] = Field(default_factory=list, description="tolerations of session pods (Kubernetes Toleration objects). Default: none.")
-    spread_max_skew: int | None = Field(1, ge=1, description="maxSkew of a topology spread of session pods over kubernetes.io/hostname (ScheduleAnyway); null turns it off. Default: 1.")
+    spread_max_skew: int | None = Field(1, ge=0, description="maxSkew of a topology spread of session pods over kubernetes.io/hostname (ScheduleAnyway); 0 or null turns it off (0 because an environment variable cannot say null). Default: 1.")
     resources: ResourceSettings = Field(default_factory=ResourceSettings)
     create_concurrency: int = Field(8, ge=1, description="Pod creations in flight at once. Default: 8.")
     delete_concurrency: int = Field(8, ge=1, description="Pod deletions in flight at once, a separate limit so clean-up never waits behind creation. Default: 8.")
@@ -122,6 +123,12 @@ class KubeSettings(BaseModel):
     transfer_chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096, description="Bytes per exec transfer of the stream; transfers are short, resumed by offset and verified. Default: 4 MiB.")
     transfer_timeout_seconds: float = Field(60.0, gt=0, description="Limit of one exec transfer, in seconds; a stalled transfer is abandoned and resumed from its offset. Default: 60.")
     watch_timeout_seconds: int = Field(300, ge=10, description="Server-side timeout of one pod watch, in seconds; the watch is then resumed from its resourceVersion. Default: 300.")
+
+    @field_validator("spread_max_skew")
+    @classmethod
+    def _zero_is_off(cls, v: int | None) -> int | None:
+        return v or None
+
     store_secret: str | None = Field(None, description="Secret whose keys become the controller Job's environment for the bucket (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN): the chart's bucket.credentialsSecret. Unset where the controller's service account is given bucket access another way (IRSA, a node role). Default: none.")
     controller_resources: ResourceSettings = Field(default_factory=ResourceSettings, description="Requests and limits of the controller Job's container (it seals workspaces and spools streams). Default: as the harness's.")
 

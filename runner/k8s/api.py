@@ -70,6 +70,7 @@ class Kube:
         self.api_client = api_client or load_api_client(settings)
         self.core = client.CoreV1Api(self.api_client)
         self.net = client.NetworkingV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
         self._exec_core = client.CoreV1Api(exec_client or self._clone(self.api_client))
         self._exec_setup = threading.Lock()
         self.attempts = 0  # API attempts made, retries included (the bench reads it)
@@ -133,6 +134,31 @@ class Kube:
     def network_policies(self) -> list[dict]:
         resp = self.call(self.net.list_namespaced_network_policy, self.namespace, _request_timeout=30)
         return [self.api_client.sanitize_for_serialization(p) for p in resp.items]
+
+    def service_address(self, name: str) -> tuple[str, int]:
+        """ClusterIP and first port of a Service: what a pod without DNS can connect to."""
+        try:
+            svc = self.call(self.core.read_namespaced_service, name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status == 404:
+                raise UserError(f"namespace {self.namespace}: no Service {name!r} (is the chart installed here?)") from None
+            raise
+        ip = svc.spec.cluster_ip
+        if not ip or ip == "None" or not svc.spec.ports:
+            raise UserError(f"Service {self.namespace}/{name} has no ClusterIP and port to connect to")
+        return ip, svc.spec.ports[0].port
+
+    # ---- jobs --------------------------------------------------------------------------------
+
+    def create_job(self, manifest: dict) -> bool:
+        """Create; False when a Job of that name exists already (a campaign submitted before)."""
+        try:
+            self.call(self.batch.create_namespaced_job, self.namespace, manifest, _request_timeout=30)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise
 
     def namespace_exists(self) -> bool:
         try:

@@ -1,0 +1,48 @@
+{{/*
+Names and labels. Label keys are runner/k8s/names.py's: the controller selects session pods and
+the NetworkPolicies select pods by app.kubernetes.io/{name,instance,component}; the instance is
+the release name.
+*/}}
+
+{{- define "probe-runner.name" -}}probe-runner{{- end }}
+
+{{- define "probe-runner.controllerName" -}}{{ .Release.Name }}-controller{{- end }}
+{{- define "probe-runner.settingsName" -}}{{ .Release.Name }}-settings{{- end }}
+{{- define "probe-runner.proxyName" -}}{{ .Release.Name }}-egress-proxy{{- end }}
+
+{{/* The selector of one component: include "probe-runner.selector" (dict "root" $ "component" "x") */}}
+{{- define "probe-runner.selector" -}}
+app.kubernetes.io/name: {{ include "probe-runner.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "probe-runner.labels" -}}
+{{ include "probe-runner.selector" . }}
+app.kubernetes.io/part-of: {{ include "probe-runner.name" .root }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end }}
+
+{{/* The provider's host and port, from provider.baseUrl. */}}
+{{- define "probe-runner.providerHost" -}}
+{{- (urlParse .Values.provider.baseUrl).hostname -}}
+{{- end }}
+{{- define "probe-runner.providerPort" -}}
+{{- $u := urlParse .Values.provider.baseUrl -}}
+{{- $port := regexFind ":[0-9]+$" $u.host | trimPrefix ":" -}}
+{{- if $port }}{{ $port }}{{ else if eq $u.scheme "http" }}80{{ else }}443{{ end -}}
+{{- end }}
+
+{{/* The container securityContext every container of this chart runs with. */}}
+{{- define "probe-runner.containerSecurity" -}}
+runAsNonRoot: true
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+privileged: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
