@@ -2,8 +2,8 @@
 
 Squid (Debian's squid-openssl, see .ci/setup) is started on loopback by the entry point the
 image uses, with the generated squid.conf; only the listen address, the ports, the state
-directory and a hosts file (``provider.test`` is 127.0.0.1, so no DNS is sent anywhere) are
-test-specific. The "provider" is a local TLS server with a self-signed certificate for
+directory, a hosts file (``provider.test`` is 127.0.0.1) and a loopback name server (so no
+lookup can leave the machine) are test-specific. The "provider" is a local TLS server with a self-signed certificate for
 provider.test that counts the connections it accepts, so every refusal is also checked for
 never having reached it. Squid runs as nobody when the tests run as root, as in the pod.
 """
