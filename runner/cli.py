@@ -203,11 +203,6 @@ def cmd_controller(args, settings: Settings) -> int:
     from runner.campaign import fetch_corpus, load_stored_plan
     from runner.store import open_store
 
-    if settings.kube.proxy_service:  # session pods have no DNS: they get the proxy's address
-        from runner.k8s.api import Kube
-
-        ip, port = Kube(settings.kube).service_address(settings.kube.proxy_service)
-        settings.kube.proxy_url = f"http://{ip}:{port}"
     store = open_store(settings.store, settings)
     plan = load_stored_plan(store, args.campaign)
     corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")

