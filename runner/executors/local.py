@@ -8,6 +8,30 @@ environment is built from nothing (bwrap is started with exactly the variables t
 needs, so no secret appears in an argument list). Network egress is NOT confined here: the
 session shares the host's network, and every transcript says so.
 
+The harness's standard output is the stream the recorder trusts, so the session must have no
+handle on it. A pipe or a file would not do: any process of the session can reopen a pipe or
+file through /proc/PID/fd/1 of the harness (its ancestor, same uid), and a forged line then
+lands in the stream. So stdout is one end of a Unix socket pair whose other end only the driver
+holds, and the sandbox is laid out so that no process of the session can reach that end or the
+harness's copy of it:
+
+* open() of a socket through /proc fails (ENXIO), and the harness is not dumpable, so the
+  kernel's ptrace access check refuses its /proc/PID/fd and /proc/PID/mem outright. A process
+  cannot be made non-dumpable from outside, and prctl() is reset by execve(); but execve()
+  leaves a process non-dumpable when its ELF loader is not readable by it. So the harness's
+  loader is bound into the sandbox execute-only (mode 0111), and every process that starts
+  inside is non-dumpable. The sandbox's first process checks that premise on every session.
+* The session holds no capability (``--cap-drop ALL``; run as root, bwrap would otherwise keep
+  every capability inside its user namespace, CAP_SYS_PTRACE included), so the access check
+  has no exception for it. A seccomp filter (``seccomp.py``) makes ptrace, process_vm_readv,
+  process_vm_writev and pidfd_getfd fail with EPERM for every process of the sandbox, as a
+  second layer that does not rest on dumpability, Yama or capabilities.
+* bwrap's own init would hold its stdio unfiltered and dumpable, so the sandbox's first
+  process is ours (``--as-pid-1``): a shell that starts the harness with the socket as its
+  stdout, lets go of its own copy before the harness runs, and only reaps. The driver and the
+  outer bwrap lie outside the sandbox's PID namespace, where nothing of the session can name
+  them.
+
 Where bwrap cannot create its namespaces the executor refuses before any harness call (the
 contract's exit 12); there is no switch that turns confinement off.
 """
@@ -15,14 +39,20 @@ contract's exit 12); there is no switch that turns confinement off.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from runner.errors import ConfinementError, UserError
+from runner.executors import seccomp
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.layout import SessionKeys
 from runner.ledger import now
@@ -39,7 +69,24 @@ CONFINEMENT_PROSE = (
     "Each session ran under bubblewrap (local executor): its filesystem held /usr and /etc "
     "read-only, a private /proc, /dev and /tmp, the workspace read-write, the harness binary "
     "read-only, and its log and configuration directories; its environment was cleared. "
-    "Network egress was not confined: a session could reach any host the recording host reaches."
+    "Network egress was not confined: a session could reach any host the recording host reaches. "
+    "The harness's standard output, the stream this transcript was made from, was one end of a "
+    "Unix socket pair whose other end only the driver held, outside the sandbox's PID namespace, "
+    "where no process of the session could name the driver. "
+    "Reopening /proc/PID/fd/1 of the harness or of any other ancestor was closed twice: the kernel "
+    "cannot open a socket through /proc, and it refused the harness's /proc/PID/fd to the session "
+    "because the harness was not dumpable (its ELF loader was execute-only inside the sandbox); "
+    "the sandbox's first process, a shell that only started the harness and reaped, closed its copy "
+    "of the socket before the harness ran. "
+    "Writing another process's descriptors found under /proc/*/fd was closed the same way, since no "
+    "process of the session held the socket. "
+    "Writing /proc/PID/mem of the harness was closed by the kernel's ptrace access check, which "
+    "refuses a process that is not dumpable to a session holding no capability (all were dropped). "
+    "ptrace, process_vm_writev, process_vm_readv and pidfd_getfd were closed by a seccomp filter "
+    "on every process of the sandbox (EPERM, for every ABI of the machine), and again by that "
+    "access check. "
+    "A session could still end or stop its own harness, as any process may signal another of its "
+    "uid; a stream cut short that way has no result line, and the recorder states it incomplete."
 )
 
 
@@ -55,15 +102,64 @@ def root_siblings(root: Path = Path("/")) -> list[str]:
     return args
 
 
-def bwrap_args(bwrap: str, harness: str, workspace: str, config_dir: str, log_dir: str, siblings: list[str]) -> list[str]:
-    """The bubblewrap command line for one session (a pure function of its paths)."""
+def elf_loader(path: str) -> str:
+    """The dynamic loader (PT_INTERP) an ELF executable names, resolved on the host.
+
+    The harness is made non-dumpable through its loader (see the module's docstring), so a
+    harness without one (a static binary, or a script) cannot be confined here.
+    """
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
+            raise ConfinementError(f"the harness {path} is not a 64-bit ELF executable; it could not be made non-dumpable")
+        order = "<" if head[5] == 1 else ">"
+        phoff, = struct.unpack_from(order + "Q", head, 0x20)
+        phentsize, phnum = struct.unpack_from(order + "HH", head, 0x36)
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            p_type, _, p_offset, _, _, p_filesz = struct.unpack(order + "IIQQQQ", f.read(40))
+            if p_type == 3:  # PT_INTERP
+                f.seek(p_offset)
+                return os.path.realpath(f.read(p_filesz).rstrip(b"\0").decode())
+    raise ConfinementError(f"the harness {path} names no dynamic loader (a static binary); it could not be made non-dumpable")
+
+
+def pid1_script(loader: str) -> str:
+    """The sandbox's first process: check the premise, start the harness on the socket, reap.
+
+    The harness's stdout arrives as this shell's fd 1 and its task as fd 0. They move to fds 4
+    and 5, the harness gets them, and the shell closes its copies before it waits, so from then
+    on the harness is the one process of the sandbox that holds the socket. (A background job's
+    stdin would be /dev/null without the explicit redirection.) The shell is pid 1, so orphans
+    of the session are reaped while it waits, and its exit status is the harness's. If the
+    loader is readable here, execve() would leave the harness dumpable: the sandbox refuses.
+    """
+    q = shlex.quote(loader)
+    return (
+        f"if (: <{q}) 2>/dev/null; then echo 'probe sandbox: the ELF loader is readable, so the harness "
+        "would be dumpable; refused' >&2; exit 125; fi; "
+        'exec 4<&0 5>&1 </dev/null >/dev/null; '
+        '"$0" "$@" <&4 >&5 4<&- 5>&- & '
+        'exec 4<&- 5>&-; wait $!'
+    )
+
+
+def bwrap_args(bwrap: str, harness: str, workspace: str, config_dir: str, log_dir: str, siblings: list[str],
+               loader: str, loader_fd: int, seccomp_fd: int) -> list[str]:
+    """The bubblewrap command line for one session; the harness argv follows it.
+
+    ``loader_fd`` holds the bytes of ``loader`` and ``seccomp_fd`` the filter program; bwrap
+    reads both when it starts (see :func:`sandbox_fds`).
+    """
     return [
         bwrap,
-        "--unshare-all", "--share-net",
-        "--die-with-parent", "--new-session",
+        "--unshare-all", "--unshare-user", "--share-net",
+        "--die-with-parent", "--new-session", "--as-pid-1",
+        "--cap-drop", "ALL",
         "--ro-bind", "/usr", "/usr",
         "--ro-bind", "/etc", "/etc",
         *siblings,
+        "--perms", "0111", "--ro-bind-data", str(loader_fd), loader,
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/tmp",
@@ -71,9 +167,29 @@ def bwrap_args(bwrap: str, harness: str, workspace: str, config_dir: str, log_di
         "--bind", workspace, workspace,
         "--bind", log_dir, log_dir,
         "--bind", config_dir, config_dir,
+        "--seccomp", str(seccomp_fd),
         "--chdir", workspace,
-        "--",
+        "--", "/bin/sh", "-c", pid1_script(loader),
     ]
+
+
+@contextmanager
+def sandbox_fds(loader: str, program: bytes) -> Iterator[tuple[int, int]]:
+    """(loader_fd, seccomp_fd) for :func:`bwrap_args`, to pass to bwrap and close after it starts.
+
+    The program is a few dozen bytes, so it fits a pipe's buffer and bwrap can read it later.
+    """
+    loader_fd = os.open(loader, os.O_RDONLY | os.O_CLOEXEC)
+    r, w = os.pipe()
+    try:
+        os.write(w, program)
+    finally:
+        os.close(w)
+    try:
+        yield loader_fd, r
+    finally:
+        os.close(r)
+        os.close(loader_fd)
 
 
 def harness_argv(plan: Plan, settings: Settings) -> list[str]:
@@ -118,6 +234,9 @@ class LocalExecutor:
     confinement: str = CONFINEMENT_PROSE
     harness: str | None = None
     harness_version: str | None = None
+    bwrap: str | None = None
+    loader: str | None = None
+    seccomp_program: bytes | None = None
 
     def preflight(self) -> None:
         """Refuse, before anything can spend, a host that cannot confine a session."""
@@ -137,19 +256,29 @@ class LocalExecutor:
         bwrap = shutil.which(s.local.bwrap)
         if not bwrap:
             raise ConfinementError(f"bubblewrap ({s.local.bwrap}) is not installed: a session cannot be confined, so none runs")
+        try:
+            self.seccomp_program = seccomp.program()
+        except seccomp.UnsupportedArchitecture as exc:
+            raise ConfinementError(f"{exc}: a session cannot be confined, so none runs") from None
+        self.bwrap, self.loader = bwrap, elf_loader(self.harness)
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / ".preflight"
         probe.mkdir(exist_ok=True)
-        args = bwrap_args(bwrap, self.harness, str(probe), str(probe), str(probe), root_siblings())
         try:
-            done = subprocess.run(args + [HARNESS_PATH, "--version"], env=harness_env(s, str(probe), str(probe)),
-                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+            with sandbox_fds(self.loader, self.seccomp_program) as fds:
+                args = self._bwrap_args(str(probe), str(probe), str(probe), fds)
+                done = subprocess.run(args + [HARNESS_PATH, "--version"], env=harness_env(s, str(probe), str(probe)),
+                                      stdin=subprocess.DEVNULL, capture_output=True, timeout=60, pass_fds=fds)
         except subprocess.TimeoutExpired:
             raise ConfinementError("bubblewrap did not start the harness within 60 s") from None
         if done.returncode != 0:
             err = done.stderr.decode(errors="replace").strip().splitlines()
             raise ConfinementError(f"bubblewrap cannot confine a session here ({err[-1] if err else 'exit ' + str(done.returncode)}); none runs")
         self.harness_version = done.stdout.decode(errors="replace").strip()
+
+    def _bwrap_args(self, workspace: str, config_dir: str, log_dir: str, fds: tuple[int, int]) -> list[str]:
+        assert self.bwrap and self.harness and self.loader, "preflight() first"
+        return bwrap_args(self.bwrap, self.harness, workspace, config_dir, log_dir, root_siblings(), self.loader, *fds)
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
             also_collect, started) -> dict:
@@ -164,14 +293,20 @@ class LocalExecutor:
             shutil.copyfile(s.provider.credentials_file, target)
             target.chmod(0o600)
         workspace = str(sealed.path)
-        args = bwrap_args(shutil.which(s.local.bwrap) or s.local.bwrap, self.harness, workspace, str(config_dir), str(log_dir), root_siblings())
         started()  # journaled before the harness can run
         started_at = now()
         timed_out = threading.Event()
+        # The stream's channel: the harness writes to one end, only this driver holds the other.
+        reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            with open(scratch / "stderr.log", "wb") as err, store.writer(keys.stream) as out:
-                proc = subprocess.Popen(args + harness_argv(plan, s), env=harness_env(s, str(config_dir), str(log_dir)),
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, start_new_session=True)
+            with reader, writer, open(scratch / "stderr.log", "wb") as err, store.writer(keys.stream) as out:
+                try:
+                    with sandbox_fds(self.loader, self.seccomp_program) as fds:
+                        proc = subprocess.Popen(self._bwrap_args(workspace, str(config_dir), str(log_dir), fds) + harness_argv(plan, s),
+                                                env=harness_env(s, str(config_dir), str(log_dir)), stdin=subprocess.PIPE,
+                                                stdout=writer.fileno(), stderr=err, pass_fds=fds, start_new_session=True)
+                finally:
+                    writer.close()  # from here the sandbox holds the only write end: its end is the stream's end
 
                 def kill() -> None:
                     timed_out.set()
@@ -180,13 +315,13 @@ class LocalExecutor:
                 timer = threading.Timer(s.harness.timeout_seconds, kill)
                 timer.start()
                 try:
-                    assert proc.stdin and proc.stdout
+                    assert proc.stdin
                     try:
                         proc.stdin.write(probe.task.encode())
                         proc.stdin.close()
                     except BrokenPipeError:
                         pass
-                    fd = proc.stdout.fileno()
+                    fd = reader.fileno()
                     while chunk := os.read(fd, _READ_CHUNK):
                         out.write(chunk)
                     exit_code = proc.wait()

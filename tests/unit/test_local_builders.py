@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from runner.executors.local import HARNESS_PATH, bwrap_args, harness_argv, harness_env
+from runner.executors.local import HARNESS_PATH, bwrap_args, harness_argv, harness_env, pid1_script
 from runner.plan import parse_plan
 from runner.settings import HarnessSettings, ProviderSettings, Settings
 
@@ -26,14 +26,16 @@ def settings(**kw):
 
 def test_bwrap_args_complete():
     sib = ["--symlink", "usr/bin", "/bin", "--ro-bind", "/lib64", "/lib64"]
-    got = bwrap_args("/usr/bin/bwrap", "/opt/claude/cli", "/w/ws", "/w/cfg", "/w/log", sib)
+    got = bwrap_args("/usr/bin/bwrap", "/opt/claude/cli", "/w/ws", "/w/cfg", "/w/log", sib, "/usr/lib/ld.so", 7, 8)
     assert got == [
         "/usr/bin/bwrap",
-        "--unshare-all", "--share-net",
-        "--die-with-parent", "--new-session",
+        "--unshare-all", "--unshare-user", "--share-net",
+        "--die-with-parent", "--new-session", "--as-pid-1",
+        "--cap-drop", "ALL",
         "--ro-bind", "/usr", "/usr",
         "--ro-bind", "/etc", "/etc",
         "--symlink", "usr/bin", "/bin", "--ro-bind", "/lib64", "/lib64",
+        "--perms", "0111", "--ro-bind-data", "7", "/usr/lib/ld.so",
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/tmp",
@@ -41,8 +43,9 @@ def test_bwrap_args_complete():
         "--bind", "/w/ws", "/w/ws",
         "--bind", "/w/log", "/w/log",
         "--bind", "/w/cfg", "/w/cfg",
+        "--seccomp", "8",
         "--chdir", "/w/ws",
-        "--",
+        "--", "/bin/sh", "-c", pid1_script("/usr/lib/ld.so"),
     ]
 
 
@@ -97,3 +100,20 @@ def test_harness_env_api_key_and_extra():
     assert set(env) == EXPECTED_KEYS | {"ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_RETRIES"}
     assert env["ANTHROPIC_API_KEY"] == "sk-test"
     assert env["ANTHROPIC_BASE_URL"] == "https://api.anthropic.com"
+
+
+def test_elf_loader_names_the_interpreter_of_a_dynamic_executable(tmp_path):
+    import os
+    import sys
+
+    import pytest
+
+    from runner.errors import ConfinementError
+    from runner.executors.local import elf_loader
+
+    loader = elf_loader(os.path.realpath(sys.executable))
+    assert os.path.isabs(loader) and os.path.basename(loader).startswith("ld-") and os.access(loader, os.X_OK)
+    script = tmp_path / "harness"
+    script.write_text("#!/usr/bin/env node\n")
+    with pytest.raises(ConfinementError, match="not a 64-bit ELF"):
+        elf_loader(str(script))
