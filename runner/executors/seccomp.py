@@ -25,6 +25,7 @@ Nothing else is filtered, so the harness and every tool it starts run as before.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import struct
@@ -84,3 +85,24 @@ def program(machine: str | None = None) -> bytes:
         out.append(_insn(_JEQ_K, remaining + 1, 0, nr))
     out += [_insn(_RET_K, 0, 0, _RET_ALLOW), _insn(_RET_K, 0, 0, _RET_EPERM)]
     return b"".join(out)
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def install(prog: bytes) -> None:
+    """Install ``prog`` on the calling thread and everything it starts, as bwrap does.
+
+    For a process that starts the harness itself rather than through bwrap (the tests run the
+    filter this way). no_new_privs comes first: the kernel refuses a filter from a process
+    without CAP_SYS_ADMIN otherwise. Only the calling thread is filtered, so call it before the
+    process starts threads or children.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fprog = _SockFprog(len(prog) // 8, prog)
+    for what, result in (("PR_SET_NO_NEW_PRIVS", lambda: libc.prctl(38, 1, 0, 0, 0)),
+                         ("PR_SET_SECCOMP", lambda: libc.prctl(22, 2, ctypes.byref(fprog), 0, 0))):  # mode FILTER
+        if result() != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"prctl({what}): {os.strerror(err)}")

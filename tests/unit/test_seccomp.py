@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,19 +19,15 @@ from runner.executors import seccomp
 
 pytestmark = pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probes below are x86_64 machine code and numbers")
 
-# Runs in a child: optionally installs the filter (no_new_privs, then SECCOMP_MODE_FILTER, as
-# bwrap does), then makes each call and prints its outcome as a JSON object.
+# Runs in a child: optionally installs the filter (seccomp.install: no_new_privs, then
+# SECCOMP_MODE_FILTER, as bwrap does), then makes each call and prints its outcome as JSON.
 _CHILD = r"""
 import ctypes, json, mmap, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 if sys.argv[1] == "filtered":
-    prog = sys.stdin.buffer.read()
-    class FProg(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-    fprog = FProg(len(prog) // 8, prog)
-    assert libc.prctl(38, 1, 0, 0, 0) == 0                          # PR_SET_NO_NEW_PRIVS
-    assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+    from runner.executors import seccomp
+    seccomp.install(seccomp.program("x86_64"))
 
 def call(nr, *args):
     r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
@@ -70,8 +67,8 @@ print(json.dumps(out))
 
 
 def _run(mode: str) -> dict[str, str]:
-    done = subprocess.run([sys.executable, "-c", _CHILD, mode], input=seccomp.program("x86_64"),
-                          capture_output=True, timeout=30)
+    done = subprocess.run([sys.executable, "-c", _CHILD, mode], capture_output=True, timeout=30,
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr.decode()
     return json.loads(done.stdout)
 
