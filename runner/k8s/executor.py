@@ -59,6 +59,7 @@ class KubernetesExecutor:
     harness_version: str | None = None
     cache: PodCache | None = None
     problems: list[str] = field(default_factory=list)
+    proxy_url: str | None = None  # HTTPS_PROXY of session pods, by address (set by preflight)
 
     def __post_init__(self) -> None:
         k = self.settings.kube
@@ -71,7 +72,7 @@ class KubernetesExecutor:
 
     def preflight(self) -> None:
         """Refuse to start where session pods would not be confined as promised."""
-        from runner.k8s.policy import foreign_policies_selecting, own_policy_names
+        from runner.k8s.policy import foreign_policies_selecting, own_policy_names, proxy_service_name, session_proxy_url
 
         k = self.settings.kube
         probe_labels = names.session_labels(k.instance, "preflight", "preflight", "preflight", 1)
@@ -80,6 +81,8 @@ class KubernetesExecutor:
             raise UserError(
                 f"namespace {k.namespace}: NetworkPolicy {', '.join(sorted(foreign))} also selects session pods; "
                 "allow rules add up, so a session could reach more than the egress proxy. Remove it or narrow its podSelector.")
+        service = proxy_service_name(self.settings)
+        self.proxy_url = session_proxy_url(self.settings, self.kube.service_address(service)[0] if service else None)
 
     def prepare(self, plan: Plan, final: set[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
         """Start the watch; delete leftover pods of attempts that are already final; return the
@@ -108,8 +111,9 @@ class KubernetesExecutor:
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
             also_collect, started) -> dict:
-        assert self.cache is not None, "prepare() first"
-        manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task)
+        assert self.cache is not None and self.proxy_url is not None, "preflight() and prepare() first"
+        manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
+                                         self.proxy_url)
         name = manifest["metadata"]["name"]
         self._start_pod(name, manifest)
         if self._exec(name, is_delivered_argv(), check=False).code != 0:

@@ -81,7 +81,9 @@ def harness_args(plan: Plan, settings: Settings) -> list[str]:
     return argv
 
 
-def harness_env(settings: Settings, task: str) -> list[dict]:
+def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict]:
+    """``proxy_url`` is the egress proxy by address (runner.k8s.policy.session_proxy_url): the
+    pod may send no DNS query, so a Service name would not resolve."""
     k = settings.kube
     env = _env({
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -90,7 +92,7 @@ def harness_env(settings: Settings, task: str) -> list[dict]:
         "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
         "ANTHROPIC_BASE_URL": settings.provider.base_url,
-        "HTTPS_PROXY": k.proxy_url,
+        "HTTPS_PROXY": proxy_url,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         **settings.harness.env,
@@ -106,8 +108,9 @@ def harness_env(settings: Settings, task: str) -> list[dict]:
     return env
 
 
-def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str) -> dict:
-    """The pod of one session attempt."""
+def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str,
+                proxy_url: str) -> dict:
+    """The pod of one session attempt; ``proxy_url`` as for ``harness_env``."""
     k = settings.kube
     r = k.resources
     labels = names.session_labels(k.instance, plan.campaign, probe, session, attempt)
@@ -170,7 +173,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                 "command": [*POD_MODULE, "harness", "--"],
                 "args": harness_args(plan, settings),
                 "workingDir": WORKSPACE,
-                "env": harness_env(settings, task),
+                "env": harness_env(settings, task, proxy_url),
                 "resources": {
                     "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
                     "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -487,9 +488,15 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
         failure = None
     if failure:
         pytest.fail(failure, pytrace=False)
+    with start_cluster(bin_dir, tmp_path_factory.mktemp("kwok")) as cluster:
+        yield cluster
 
+
+@contextmanager
+def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
+    """Start a kwokctl cluster from the built binaries, in ``base``; delete it on exit.
+    A plain context manager, so bench/ starts the same control plane as the tests."""
     _reap_orphans()
-    base = tmp_path_factory.mktemp("kwok")
     name = f"pr-{os.getpid()}-{secrets.token_hex(3)}"
     workdir = base / "work"
     kubeconfig = base / "kubeconfig"

@@ -61,6 +61,7 @@ class SimNode:
         self.harness_binds = harness_binds  # host paths the harness override needs (read-only)
         self.pods: dict[str, _Pod] = {}
         self.created: dict[str, set[str]] = {}  # pod name -> every uid seen under it
+        self.specs: dict[str, dict] = {}  # pod name -> its spec as first seen
         self.running_now = 0
         self.max_running = 0
         self.errors: list[str] = []
@@ -122,6 +123,7 @@ class SimNode:
             return
         with self._lock:
             self.created.setdefault(name, set()).add(uid)
+            self.specs.setdefault(name, pod["spec"])
             known = self.pods.get(name)
             if known is not None and known.uid == uid:
                 return

@@ -25,7 +25,7 @@ from runner import demo
 from runner.campaign import run_sessions
 from runner.k8s import names
 from runner.k8s.api import Kube
-from runner.k8s.executor import KubernetesExecutor
+from runner.k8s.executor import START_ATTEMPTS, KubernetesExecutor
 from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import load_settings
@@ -51,10 +51,18 @@ def nodes(kube_cluster) -> list[str]:
 def namespace(kube_cluster):
     """A namespace with the provider credentials Secret the chart's values name."""
     name = kube_cluster.create_namespace(f"exec-{_uid()}")
-    kube_cluster.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": name},
-                        "stringData": {"api-key": "demo-key"}})
+    kube_cluster.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": name},
+                         "stringData": {"api-key": "demo-key"}}, proxy_service(name)])
     yield name
     client.CoreV1Api(kube_cluster.api_client()).delete_namespace(name, propagation_policy="Background")
+
+
+def proxy_service(namespace: str) -> dict:
+    """The egress proxy Service the chart installs (its pods are not needed here: SimNode's
+    harness reaches the scripted provider on loopback); the executor reads its ClusterIP."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "probe-runner-egress-proxy", "namespace": namespace},
+            "spec": {"selector": names.selector("probe-runner", names.PROXY_COMPONENT),
+                     "ports": [{"port": 3128, "targetPort": 3128, "protocol": "TCP"}]}}
 
 
 @pytest.fixture
@@ -159,6 +167,10 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
         assert proc.returncode == 0, proc.stderr + proc.stdout + "\n".join(sim.errors) + sim.logs()
         assert sim.max_running <= 4
         assert all(len(uids) == 1 for uids in sim.created.values()) and len(sim.created) == 8
+        # Session pods may send no DNS query: the proxy is given by the Service's ClusterIP.
+        ip = client.CoreV1Api(kube_cluster.api_client()).read_namespaced_service("probe-runner-egress-proxy", namespace).spec.cluster_ip
+        proxies = {e["value"] for spec in sim.specs.values() for e in spec["containers"][1]["env"] if e["name"] == "HTTPS_PROXY"}
+        assert proxies == {f"http://{ip}:3128"}
         assert len(provider.main_loop_requests()) >= 8
     assert "transcript campaign-present" in proc.stdout and "transcript campaign-absent" in proc.stdout
     assert "refused:" not in proc.stdout, proc.stdout
@@ -355,3 +367,58 @@ def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, no
     assert state.status == "succeeded", state.detail
     assert state.detail["stream"]["bytes"] == big.stat().st_size and state.detail["stream"]["sha256"] == want
     assert "sha256:" + hashlib.sha256(store.get(state.detail["stream"]["key"])).hexdigest() == want
+
+
+def test_unschedulable_session_never_starts_is_cleaned_up_and_stays_runnable(kube_cluster, nodes, namespace, sim_root,
+                                                                           shared, real_stream, tmp_path):
+    """A pod no node accepts spent nothing: it is deleted and tried again (START_ATTEMPTS
+    times), the session stays intended, no pod is left, and `run` says so with exit 1."""
+    store_uri = (tmp_path / "store").as_uri()
+    env = {**os.environ, **_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                                RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"),
+                                RUNNER_KUBE__START_TIMEOUT_SECONDS="2",
+                                RUNNER_KUBE__NODE_SELECTOR='{"pool": "no-such-pool"}')}
+    data = json.loads(demo.PLAN.read_text())
+    data.update(campaign=f"unsched-{_uid()}", arms=["present"], repetitions=1, probes=data["probes"][:1])
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data))
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream), harness_binds=(str(shared),)) as sim:
+        proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS),
+                               "--executor", "kubernetes"], env=env, capture_output=True, text=True, timeout=120)
+        assert not sim.pods, "an unschedulable pod must never reach a node"
+    assert proc.returncode == 1, proc.stderr
+    assert "not started: 1 session(s), e.g. HW-PRB-0007/present-001" in proc.stderr
+    assert "unschedulable" in proc.stderr, proc.stderr
+    (pod_uids,) = sim.created.values()
+    assert len(pod_uids) == START_ATTEMPTS  # created, found unschedulable, deleted: each time a new pod
+    (state,) = Ledger(open_store(store_uri), data["campaign"]).sessions().values()
+    assert state.status == "intended" and not state.started
+    _wait_no_pods(kube_cluster, namespace)
+
+
+def test_builders_policies_are_accepted_and_a_foreign_allow_policy_refuses_the_run(kube_cluster, namespace, tmp_path):
+    """The API server accepts our NetworkPolicies as built; a second policy that selects
+    session pods and allows anything (allow rules add up) stops `run` before any intent."""
+    from runner.k8s.policy import proxy_network_policy, session_network_policy
+
+    store_uri = (tmp_path / "store").as_uri()
+    env = _env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k", RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"))
+    settings = _settings(env)
+    ours = [session_network_policy(settings), proxy_network_policy(settings)]
+    net = client.NetworkingV1Api(kube_cluster.api_client())
+    for p in ours:
+        net.create_namespaced_network_policy(namespace, p)
+    data = json.loads(demo.PLAN.read_text())
+    data.update(campaign=f"foreign-{_uid()}", arms=["present"], repetitions=1, probes=data["probes"][:1])
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data))
+    argv = [sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS), "--executor", "kubernetes"]
+
+    net.create_namespaced_network_policy(namespace, {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "allow-egress"},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}})
+    proc = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "NetworkPolicy allow-egress also selects session pods" in proc.stderr and "Traceback" not in proc.stderr
+    assert not Ledger(open_store(store_uri), data["campaign"]).entries
+    assert not _pods(kube_cluster, namespace)

@@ -54,10 +54,9 @@ def test_label_values_are_valid_and_selectors_use_the_same_constants():
 def test_session_pod_complete(plan):
     settings = Settings(store="file:///tmp/s", kube={"credentials_secret": "provider", "runtime_class": "gvisor",
                                                       "node_selector": {"pool": "probes"},
-                                                      "tolerations": [{"key": "probes", "operator": "Exists"}],
-                                                      "proxy_url": "http://10.96.0.12:3128"})
+                                                      "tolerations": [{"key": "probes", "operator": "Exists"}]})
     task = plan.probes[0].task
-    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task)
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task, "http://10.96.0.12:3128")
     name = names.object_name("demo", "HW-PRB-0007", "present-001", 1)
     security = lambda uid: {  # noqa: E731
         "runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
@@ -171,7 +170,7 @@ def test_session_pod_without_optional_parts(plan):
     """No credentials Secret, no runtime class, no spread: nothing of theirs appears, and the
     task never reaches the CLI's argv (only the entry point's environment)."""
     settings = Settings(store="file:///tmp/s", kube={"spread_max_skew": None})
-    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 3, "the task")
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 3, "the task", "http://10.96.0.12:3128")
     spec = pod["spec"]
     assert {"runtimeClassName", "nodeSelector", "tolerations", "topologySpreadConstraints", "imagePullSecrets"}.isdisjoint(spec)
     assert [v["name"] for v in spec["volumes"]] == ["workspace", "config", "tmp", "socket", "capture"]
