@@ -104,8 +104,10 @@ def test_the_harness_refuses_every_route(session):
                 "pidfd-getfd": "EPERM", "ptrace": "EPERM", "vm-write": "EPERM"}  # seccomp (and the access check)
     for route, errno_name in expected.items():
         assert outcomes(session, route, "claude") == [errno_name], (route, session["reports"])
+    # Run as root the listing is allowed and each open is refused; run as another user the
+    # listing itself is ("fd directory EACCES"). Either way EACCES is the only outcome.
     fds = outcomes(session, "any-fd", "claude")
-    assert len(fds) == 1 and set(re.findall(r"\d+=(\w+)", fds[0])) == {"EACCES"}, fds
+    assert len(fds) == 1 and set(re.findall(r"\b[A-Z]{4,}\b", fds[0])) == {"EACCES"}, fds
 
 
 def test_no_process_of_the_sandbox_yields_a_writable_descriptor(session):
