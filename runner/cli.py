@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "a plain line per change otherwise")
             p.add_argument("--interval", type=float, default=10.0, metavar="SECONDS",
                            help="seconds between two reads of the ledger with --watch (default: 10)")
+        if name == "transform":
+            p.add_argument("--job", action="store_true",
+                           help="run it in the cluster instead: create the campaign's transform Job in "
+                                "$RUNNER_KUBE__NAMESPACE (the install's settings and bucket credentials)")
 
     submit = sub.add_parser("submit", help="upload a plan and its corpus to the bucket and start the campaign in the cluster",
                             description="Store PLAN and the corpus under the campaign in the bucket (create-only: a campaign "
@@ -235,6 +239,17 @@ def cmd_transform(args, settings: Settings) -> int:
 
     store = open_store(settings.store, settings)
     plan = load_stored_plan(store, args.campaign)
+    if args.job:
+        from runner.k8s import jobs
+        from runner.k8s.api import Kube
+
+        job = jobs.transform_job(settings, plan.campaign)
+        where = f"{settings.kube.namespace}/{job['metadata']['name']}"
+        if not Kube(settings.kube).create_job(job):
+            raise UserError(f"transform job {where} exists already; `kubectl -n {settings.kube.namespace} delete job "
+                            f"{job['metadata']['name']}` to run it again")
+        print(f"transform job: {where} (created)")
+        return 0
     return _print_report(store, plan, transform_and_seal(store, plan))
 
 

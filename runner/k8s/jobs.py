@@ -1,4 +1,5 @@
-"""The controller Job of one campaign, as a pure function of the settings (a plain dict; no I/O).
+"""The Jobs of one campaign, the controller's and the transform's, as pure functions of the
+settings (plain dicts; no I/O).
 
 Why a Job per campaign, created by ``probe-runner submit``, and not a Deployment that watches
 for campaigns: the controller is already a run-to-the-end program (``probe-runner controller
@@ -30,7 +31,7 @@ from __future__ import annotations
 from runner.k8s import names
 from runner.settings import Settings
 
-CONTROLLER_CONTAINER = "controller"
+TRANSFORM_COMPONENT = "transform"
 BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
 FINAL_EXIT_CODES = [1, 2, 12]
@@ -46,22 +47,36 @@ def settings_config_map(instance: str) -> str:
     return f"{instance}-settings"
 
 
-def job_name(campaign: str) -> str:
-    return names.object_name("controller", campaign)
+def job_name(campaign: str, action: str = "controller") -> str:
+    return names.object_name(action, campaign)
 
 
 def controller_job(settings: Settings, campaign: str) -> dict:
     """The Job that runs every session of ``campaign`` as pods, then the transform."""
+    return _runner_job(settings, campaign, "controller", names.CONTROLLER_COMPONENT,
+                       ["probe-runner", "controller", "--campaign", campaign], api_access=True)
+
+
+def transform_job(settings: Settings, campaign: str) -> dict:
+    """The transform-and-intake job alone (``probe-runner transform C``), for a campaign whose
+    sessions changed after its controller ended (``ledger cancel``, ``ledger resume``). It
+    reads and writes only the bucket, so it mounts no API token; it keeps the controller's
+    ServiceAccount for bucket access granted to it (IRSA)."""
+    return _runner_job(settings, campaign, "transform", TRANSFORM_COMPONENT, ["probe-runner", "transform", campaign],
+                       api_access=False)
+
+
+def _runner_job(settings: Settings, campaign: str, action: str, component: str, command: list[str],
+                api_access: bool) -> dict:
     k = settings.kube
     r = k.controller_resources
-    labels = {**names.component_labels(k.instance, names.CONTROLLER_COMPONENT),
-              names.CAMPAIGN: names.label_value(campaign)}
+    labels = {**names.component_labels(k.instance, component), names.CAMPAIGN: names.label_value(campaign)}
     env_from: list[dict] = [{"configMapRef": {"name": settings_config_map(k.instance)}}]
     if k.store_secret:
         env_from.append({"secretRef": {"name": k.store_secret}})
     pod_spec: dict = {
         "serviceAccountName": controller_service_account(k.instance),
-        "automountServiceAccountToken": True,  # the controller talks to the API server
+        "automountServiceAccountToken": api_access,  # only the controller talks to the API server
         "enableServiceLinks": False,
         "restartPolicy": "Never",
         "securityContext": {
@@ -71,10 +86,10 @@ def controller_job(settings: Settings, campaign: str) -> dict:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [{
-            "name": CONTROLLER_CONTAINER,
+            "name": action,
             "image": k.reader_image,  # the runner image: reader and controller are one package
             "imagePullPolicy": k.image_pull_policy,
-            "command": ["probe-runner", "controller", "--campaign", campaign],
+            "command": command,
             "envFrom": env_from,
             # Scratch (sealed workspaces, the corpus, stream spools) on the one writable volume.
             "env": [{"name": "TMPDIR", "value": SCRATCH}],
@@ -100,7 +115,7 @@ def controller_job(settings: Settings, campaign: str) -> dict:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": {
-            "name": job_name(campaign),
+            "name": job_name(campaign, action),
             "namespace": k.namespace,
             "labels": labels,
             "annotations": {ANNOTATION_CAMPAIGN: campaign},
@@ -109,7 +124,7 @@ def controller_job(settings: Settings, campaign: str) -> dict:
             "backoffLimit": BACKOFF_LIMIT,
             "ttlSecondsAfterFinished": TTL_SECONDS,
             "podFailurePolicy": {"rules": [
-                {"action": "FailJob", "onExitCodes": {"containerName": CONTROLLER_CONTAINER, "operator": "In",
+                {"action": "FailJob", "onExitCodes": {"containerName": action, "operator": "In",
                                                       "values": FINAL_EXIT_CODES}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]},

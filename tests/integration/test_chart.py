@@ -110,8 +110,9 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
     kinds = sorted(o["kind"] for o in objs)
     expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "Role", "RoleBinding",
                 "Service", "ServiceAccount", "ServiceAccount"]
-    cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
-    assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if cilium else []))
+    v = values_of(values)
+    assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
+                           + (["Job"] if v["transformJob"]["campaign"] else []))
     for obj in objs:
         if obj["kind"] == "CiliumNetworkPolicy":  # a CRD: not in the Kubernetes schema
             assert obj["apiVersion"] == "cilium.io/v2"
@@ -240,6 +241,23 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     assert [n for n, p in selecting.items() if selects(p, proxy_labels)] == [
         names.object_name("team-a", "egress-proxy", "policy")]
     assert names.selector("team-a", names.PROXY_COMPONENT).items() <= proxy_labels.items()
+
+
+@pytest.mark.parametrize("campaign", ["status-2026-12-02", "Status 2026/12_02", "x" * 70, "___"])
+def test_the_chart_transform_job_is_the_builders(campaign):
+    """The Job `helm upgrade --set transformJob.campaign=C` renders is the one `probe-runner
+    transform C --job` creates: name, pod, policy; labels differ only where Helm adds its own."""
+    objs = render(VALUES_FILES[-1], release="team-a", namespace="probes", sets=(f"transformJob.campaign={campaign}",))
+    (job,) = by_kind(objs, "Job").values()
+    built = jobs.transform_job(settings_of(objs, "team-a"), campaign)
+    assert job["metadata"]["name"] == built["metadata"]["name"]
+    assert job["metadata"]["annotations"] == built["metadata"]["annotations"]
+    assert built["metadata"]["labels"].items() - {(names.MANAGED_BY, "probe-runner")} <= job["metadata"]["labels"].items()
+    template = job["spec"]["template"]
+    assert template["spec"] == built["spec"]["template"]["spec"]
+    assert {k: v for k, v in job["spec"].items() if k != "template"} == \
+        {k: v for k, v in built["spec"].items() if k != "template"}
+    kubernetes_validate.validate(job, KUBE_SCHEMA_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)

@@ -73,3 +73,19 @@ def test_controller_job_without_bucket_secret_or_pull_secrets():
     # One Job per campaign: the same campaign always names the same Job, another never does.
     assert job["metadata"]["name"] == jobs.controller_job(Settings(store="s3://x/y"), "c")["metadata"]["name"]
     assert job["metadata"]["name"] != jobs.controller_job(Settings(store="s3://b/p"), "C")["metadata"]["name"]
+
+
+def test_transform_job_is_the_controller_job_without_api_access():
+    """The transform reads and writes only the bucket: same pod, its own command and name, no token."""
+    settings = Settings(store="s3://b/p", kube={"store_secret": "bucket"})
+    ctl, tr = jobs.controller_job(settings, "c1"), jobs.transform_job(settings, "c1")
+    assert tr["metadata"]["name"] == names.object_name("transform", "c1") != ctl["metadata"]["name"]
+    assert tr["metadata"]["labels"]["app.kubernetes.io/component"] == "transform"
+    pod, ctl_pod = tr["spec"]["template"]["spec"], ctl["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and ctl_pod["automountServiceAccountToken"] is True
+    assert pod["containers"][0]["name"] == "transform"
+    assert pod["containers"][0]["command"] == ["probe-runner", "transform", "c1"]
+    assert tr["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] == "transform"
+    same = lambda p: {**p, "automountServiceAccountToken": None,  # noqa: E731
+                      "containers": [{**p["containers"][0], "name": None, "command": None}]}
+    assert same(pod) == same(ctl_pod)

@@ -46,6 +46,14 @@ include "probe-runner.objectName" (list "a" "b")
 {{- if $readable }}{{ $readable }}-{{ $suffix }}{{ else }}{{ $suffix }}{{ end -}}
 {{- end }}
 
+{{/* runner/k8s/names.py's label_value(value): the exact value goes in an annotation. */}}
+{{- define "probe-runner.labelValue" -}}
+{{- $v := regexReplaceAll "[^A-Za-z0-9_.-]+" . "-" -}}
+{{- if gt (len $v) 63 }}{{ $v = include "probe-runner.objectName" (list .) }}{{ end -}}
+{{- $v = trimAll "-_." $v -}}
+{{- $v | default (include "probe-runner.objectName" (list .)) -}}
+{{- end }}
+
 {{/* The container securityContext every container of this chart runs with. */}}
 {{- define "probe-runner.containerSecurity" -}}
 runAsNonRoot: true
