@@ -25,6 +25,7 @@ from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
+from runner.testonly_killpoints import kill_point
 from runner.transform import written_paths
 
 
@@ -212,7 +213,9 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
     if attempt > 1 and current.declaration is not None and current.declaration != decl:
         raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
     if not adopt:
+        kill_point("before-intent")
         ledger.intent(spec.key, attempt, decl)
+        kill_point("after-intent")
     keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt)
     scratch = workdir / plan.campaign / spec.probe / f"{spec.name}.{attempt}"
     if scratch.exists():
@@ -250,6 +253,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
         store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
         parsed = stream.parse(observe(store.iter_lines(keys.stream), signals or Signals()))
         status = "failed" if record["timed_out"] else "succeeded"
+        kill_point("before-outcome")
         ledger.outcome(spec.key, attempt, status, {"stream": record["stream"], "exit_code": record["exit_code"],
                                                     "timed_out": record["timed_out"]})
         _finish(executor, keys)

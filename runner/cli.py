@@ -443,13 +443,11 @@ def cmd_ledger(args, settings: Settings) -> int:
         return 0
     if action == "recover":
         with campaign_lock(settings, plan.campaign):
-            marked = 0
-            for key, st in sorted(ledger.sessions().items()):
-                if st.status == "started":
-                    ledger.outcome(key, st.attempt, "interrupted", {"reason": "recovered: started with no outcome; it may or may not have executed"})
-                    print(f"interrupted: {key} (attempt {st.attempt})")
-                    marked += 1
-            print(f"{marked} session(s) marked interrupted; nothing was run, stopped or deleted")
+            ledger.reload()  # as it stands now that no runner of this host holds the campaign
+            marked = ledger.recover()
+            for key, attempt, detail in marked:
+                print(f"interrupted: {key} (attempt {attempt}): {detail['reason'].split('; ', 2)[-1]}")
+            print(f"{len(marked)} session(s) marked interrupted; nothing was run or stopped, captured stream bytes were kept")
         return 0
     st = ledger.state(args.session)
     if st.attempt == 0:

@@ -5,8 +5,9 @@ Each entry is one object ``ledger/<seq>.json`` written create-only, so two write
 both append entry n; each carries the digest of the entry before it, so a modified, reordered
 or truncated chain is detected by ``verify``. A session's intent and its start are journaled
 before its harness can run; a start with no outcome means the session may or may not have
-executed, and nothing here runs it again by itself: ``recover`` marks it interrupted, then
-``cancel`` closes it or ``resume`` opens a new attempt under the same declaration.
+executed, and nothing here runs it again by itself: ``recover`` marks it interrupted (keeping
+what its killed runner had captured of the stream, as an incomplete stream, never as the
+stream), then ``cancel`` closes it or ``resume`` opens a new attempt under the same declaration.
 
 Exact retries of an entry are idempotent (the existing entry is returned); a changed retry or
 an invalid transition is rejected.
@@ -25,6 +26,7 @@ from runner.store import AlreadyExists, Store
 
 GENESIS = "sha256:" + "0" * 64
 OUTCOMES = ("succeeded", "failed", "refused", "cancelled", "interrupted")
+RECOVERED = "recovered: started with no outcome; it may or may not have executed"
 # Outcomes after which `resume` may open a new attempt.
 RESUMABLE = ("failed", "interrupted")
 
@@ -154,6 +156,36 @@ class Ledger:
 
     def close(self, session: str, attempt: int) -> dict:
         return self.append({"type": "close", "session": session, "attempt": attempt, "status": "cancelled"})
+
+    def recover(self) -> list[tuple[str, int, dict]]:
+        """Mark every started session with no outcome interrupted; nothing runs or stops.
+
+        The detail of each interrupted outcome says what its stream left: a stream committed
+        before the runner died (its outcome was never journaled), bytes kept from an
+        uncommitted one under the session's ``stream.incomplete.jsonl``, or nothing. The kept
+        bytes are salvaged before the outcome is appended, so a recover cut short is simply
+        run again: the session is still started and the salvage finishes where it stopped.
+        """
+        marked = []
+        for session, st in sorted(self.sessions().items()):
+            if st.status == "started":
+                detail = self._stream_left(session, st.attempt)
+                self.outcome(session, st.attempt, "interrupted", detail)
+                marked.append((session, st.attempt, detail))
+        return marked
+
+    def _stream_left(self, session: str, attempt: int) -> dict:
+        probe, name = session.split("/", 1)
+        keys = layout.SessionKeys(self.campaign, probe, name, attempt)
+        kept = self.store.salvage(keys.stream, keys.partial_stream)
+        if kept is not None:
+            return {"reason": f"{RECOVERED}; the {kept['bytes']} bytes its runner had captured of its stream are kept "
+                              f"as {kept['key']}, an incomplete stream", "stream_incomplete": kept}
+        if self.store.exists(keys.stream):
+            whole = self.store.describe(keys.stream)
+            return {"reason": f"{RECOVERED}; its stream ({whole['bytes']} bytes) was stored whole before its runner "
+                              f"stopped, its outcome was never journaled", "stream": whole}
+        return {"reason": f"{RECOVERED}; no byte of its stream was captured"}
 
     # -- export and verification -----------------------------------------------------------
     def verify(self) -> list[str]:

@@ -81,6 +81,26 @@ class Store(ABC):
     @abstractmethod
     def delete(self, key: str) -> None: ...
 
+    @abstractmethod
+    def salvage(self, key: str, dest: str) -> dict | None:
+        """Keep under ``dest`` (create-only) what an uncommitted writer of ``key`` had accepted
+        before its process died, and describe it (:meth:`describe`); None when it left nothing
+        or committed ``key`` after all.
+
+        A killed runner's stream must not be lost, yet it can never be proven complete, so it
+        is kept beside the stream's key, never under it. Safe to call again after a crash
+        part-way: it finishes the same salvage.
+        """
+
+    def describe(self, key: str) -> dict:
+        """Key, byte count and sha256 of a stored object, read back from the store."""
+        sha, size = hashlib.sha256(), 0
+        with self.open(key) as f:
+            while chunk := f.read(1 << 20):
+                sha.update(chunk)
+                size += len(chunk)
+        return {"key": key, "bytes": size, "sha256": "sha256:" + sha.hexdigest()}
+
     def iter_lines(self, key: str) -> Iterator[bytes]:
         with self.open(key) as f:
             yield from f

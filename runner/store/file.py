@@ -3,7 +3,9 @@
 Writes go to a temporary file in the same directory, are fsynced and then renamed, so a crash
 never leaves a half object under a key. Create-only puts use ``link(2)``, which fails when the
 key exists: two writers cannot both win. A stream that was never committed keeps its bytes in
-``<key>.partial`` for recovery.
+``<key>.partial`` for recovery: each chunk is handed to the OS as it is written, so a killed
+process loses none of what it accepted (a power loss can lose what was not yet fsynced), and
+:meth:`FileStore.salvage` keeps it under another key.
 """
 
 from __future__ import annotations
@@ -101,6 +103,32 @@ class FileStore(Store):
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def salvage(self, key: str, dest: str) -> dict | None:
+        """The writer's ``<key>.partial`` becomes ``dest`` by a hard link, then goes: no byte is
+        copied, and a crash in between leaves both names on the same file for the next call."""
+        final, target = self._path(key), self._path(dest)
+        partial = final.with_name(final.name + ".partial")
+        if final.exists():  # committed; the writer died only before removing its .partial name
+            partial.unlink(missing_ok=True)
+            return None
+        if partial.exists() and not partial.stat().st_size:  # it died before accepting a byte
+            partial.unlink()
+        if partial.exists():
+            with open(partial, "rb") as f:
+                os.fsync(f.fileno())
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(partial, target)
+            except FileExistsError:
+                if not os.path.samefile(partial, target):
+                    raise AlreadyExists(f"{self.uri}/{dest} exists and holds other bytes than {key}.partial") from None
+            _fsync_dir(target.parent)
+            partial.unlink()
+            _fsync_dir(partial.parent)
+        if not target.exists():
+            return None
+        return {**self.describe(dest), "kept_from": f"{key}.partial"}
 
 
 class _FileStreamWriter(StreamWriter):

@@ -43,7 +43,8 @@ def store(request, tmp_path, moto_endpoint, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     bucket = f"b-{abs(hash(str(tmp_path))) % 10**8}"
     boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
-    return S3Store(bucket, "runs", S3Settings(endpoint_url=moto_endpoint, region="us-east-1", part_size=5 * MIB, backoff_seconds=0))
+    return S3Store(bucket, "runs", S3Settings(endpoint_url=moto_endpoint, region="us-east-1", part_size=5 * MIB, backoff_seconds=0),
+                   spool_dir=tmp_path / "spool")
 
 
 def test_put_get_list_delete(store):

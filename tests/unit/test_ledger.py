@@ -229,3 +229,36 @@ def test_attempt_skipping_refused(store):
     lg.outcome(S, 1, "failed")
     with pytest.raises(LedgerError):
         lg.intent(S, 3, DECL)
+
+
+def _started(lg, session):
+    lg.intent(session, 1, DECL)
+    lg.start(session, 1)
+    return layout.SessionKeys("c1", *session.split("/"))
+
+
+def test_recover_keeps_a_partial_stream_as_incomplete_and_says_what_each_session_left(store):
+    lg = ledger(store)
+    cut = _started(lg, "p1/present-001")  # its runner died while the stream was being written
+    w = store.writer(cut.stream)
+    w.write(b'{"type":"system","subtype":"init"}\n{"type":"assis')
+    w.abort()
+    whole = _started(lg, "p1/present-002")  # died after committing the stream, before the outcome
+    store.put(whole.stream, b'{"type":"result"}\n')
+    _started(lg, "p1/absent-001")  # died before the harness wrote a byte
+    lg.intent("p1/absent-002", 1, DECL)  # never started: not recover's business
+
+    marked = {s: d for s, _, d in ledger(store).recover()}
+
+    assert sorted(marked) == ["p1/absent-001", "p1/present-001", "p1/present-002"]
+    kept = marked["p1/present-001"]["stream_incomplete"]
+    assert kept["key"] == cut.partial_stream and kept["bytes"] == 49
+    assert store.get(cut.partial_stream) == b'{"type":"system","subtype":"init"}\n{"type":"assis'
+    assert not store.exists(cut.stream) and not store.exists(cut.stream + ".partial")
+    assert marked["p1/present-002"]["stream"]["bytes"] == 18 and not store.exists(whole.partial_stream)
+    assert "no byte of its stream was captured" in marked["p1/absent-001"]["reason"]
+    assert all(d["reason"].startswith("recovered: started with no outcome") for d in marked.values())
+    again = ledger(store)
+    assert {s: again.state(s).status for s in marked} == dict.fromkeys(marked, "interrupted")
+    assert again.state("p1/absent-002").status == "intended"
+    assert again.recover() == [] and again.verify() == []
