@@ -34,30 +34,45 @@ def _named(item: object, key: str = "name") -> str:
 
 
 def _strings(value: object) -> list[str]:
-    """Every string inside a value of the init line (memory_paths is a dict of paths in 2.1.x)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return []
+    """Every string inside a value of the init line (memory_paths is a dict of paths in 2.1.x),
+    in order; iterative, so a deeply nested value costs no stack."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            found.append(v)
+        elif isinstance(v, (dict, list)):
+            stack.extend(reversed(list(v.values()) if isinstance(v, dict) else v))
+    return found
+
+
+def _listed(init: dict, key: str, reasons: list[str]) -> list:
+    """The items the init line lists under ``key``; a value that is no list states nothing, and
+    is a refusal, because a check of what loaded cannot read past it."""
+    value = init.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        reasons.append(f"the init line's {key} is a {type(value).__name__}, not a list, so it does not state what loaded")
+        return []
+    return value
 
 
 def refusals(init: dict, ctx: InitContext) -> list[str]:
-    reasons = []
+    reasons: list[str] = []
     mode = init.get("permissionMode")
     if mode == "bypassPermissions":
         reasons.append("the init line shows permission mode bypassPermissions")
-    for plugin in init.get("plugins") or []:
+    for plugin in _listed(init, "plugins", reasons):
         path = plugin.get("path") if isinstance(plugin, dict) else None
         if path != "builtin":
             reasons.append(f"the init line shows plugin {_named(plugin)!r} at {path!r}, which is not builtin")
-    for server in init.get("mcp_servers") or []:
+    for server in _listed(init, "mcp_servers", reasons):
         name = _named(server)
         if name not in ctx.declared_mcp_servers:
             reasons.append(f"the init line shows MCP server {name!r}, which the workspace's .mcp.json does not declare")
-    for skill in init.get("skills") or []:
+    for skill in _listed(init, "skills", reasons):
         name = _named(skill)
         if ":" in name:
             reasons.append(f"the init line shows skill {name!r}, which carries a plugin namespace")

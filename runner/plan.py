@@ -118,7 +118,7 @@ class Plan(_Strict):
     def _pattern(cls, v: str) -> str:
         try:
             compiled = re.compile(v)
-        except re.error as e:
+        except (re.error, RecursionError, OverflowError) as e:  # the last two: nesting or a repeat count too large
             raise ValueError(f"not a valid regular expression: {e}") from None
         if compiled.match(""):
             raise ValueError("matches the empty string, so it would cite everything")
@@ -216,6 +216,10 @@ def parse_document(path: Path) -> object:
         raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read") from None
+    except ValueError as e:  # a value no Python type holds: an integer of over 4300 digits, a 13th month
+        raise UserError(f"{path}: cannot read a value: {e}") from None
 
 
 def parse_plan(data: object, source: str = "plan") -> Plan:

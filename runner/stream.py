@@ -6,9 +6,20 @@ result line with lines after it, a tool result for a call nobody made) and toler
 everything the CLI legitimately varies across versions (hook lines before init, rate-limit
 and status lines, unknown line types, tool inputs as open dicts, result content as a string
 or a list of blocks). Problems are collected as sentences; the caller refuses the session on
-any of them and never derives an event from a stream that has one.
+any of them and never derives an event from a stream that has one. No input raises: a line
+that cannot be read is a problem with its line number.
 
-Memory is bounded by the longest line: the stream is read line by line.
+Memory is bounded by the longest line, not by the stream: the stream is read line by line,
+and of each line only what the transform derives from is kept (a tool result as its digest,
+a tool input without the bulk the transform never reads, such as a Write's content).
+
+Lines are parsed with orjson, the fastest parser available, because parsing is most of the
+transform's cost. orjson reads strict RFC 8259 JSON; the standard library's ``json`` is the
+reference for what a line means, and it also reads what the CLI can legitimately write and
+orjson refuses (a lone UTF-16 surrogate escape, which JavaScript's JSON.stringify emits for a
+string cut inside a surrogate pair) and integers beyond 64 bits, which orjson reads as floats.
+So a line orjson refuses is read again with ``json``, and so is a line whose value could
+differ between the two (see ``_needs_reference``); the outcome is ``json``'s in every case.
 """
 
 from __future__ import annotations
@@ -18,23 +29,56 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Iterable
 
+import orjson
+
+from runner import digest
+
 _BEFORE_INIT_OK = {"system", "rate_limit_event"}
+
+# What the transform reads of a tool's input: the one input that identifies a call of each known
+# tool (any other tool's argument is its whole input as canonical JSON, because tool inputs are
+# open dicts that drift across versions), the path inputs it checks against the workspace, and a
+# Bash command. The parser keeps these and drops the rest of a known tool's input.
+WRITE_TOOLS = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path", "NotebookEdit": "notebook_path"}
+READ_TOOLS = {"Read": "file_path", "NotebookRead": "notebook_path"}
+ARGUMENT_KEYS = {
+    **WRITE_TOOLS,
+    **READ_TOOLS,
+    "LS": "path",
+    "Glob": "pattern",
+    "Grep": "pattern",
+    "Bash": "command",
+    "Task": "subagent_type",
+    "Agent": "subagent_type",
+    "Skill": "skill",
+    "WebFetch": "url",
+    "WebSearch": "query",
+}
+PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
+
+# Deeper than this, a tool input or a tool result's content is refused: canonical JSON of it is
+# written with the recursive json encoder, and real inputs nest a handful of levels.
+MAX_VALUE_DEPTH = 64
+# orjson reads an integer beyond 64 bits as a float; a float this large may have been one.
+_INT_RANGE = float(2**63)
+# A cost beyond this is corruption, not a cost, and its whole cents would overflow what a
+# transcript can carry.
+MAX_COST_USD = Decimal(10) ** 9
 
 
 @dataclass
 class ToolUse:
     id: str
     name: str
-    input: dict
+    input: dict  # what the transform reads of it (see ARGUMENT_KEYS)
     parent: str | None  # non-null for a subagent's call
     line: int
 
 
 @dataclass
 class ToolResult:
-    content: object  # a string, a list of blocks, or None
+    digest: str  # the identity of what the call returned: sha256 of its bytes (see result_bytes)
     is_error: bool | None
-    structured: object = None  # the line's tool_use_result, where the CLI adds one
 
 
 @dataclass
@@ -54,26 +98,74 @@ class ParsedStream:
         return not self.problems and self.result is not None
 
 
-def _decode(raw: bytes, n: int, last: bool, out: ParsedStream) -> dict | None:
-    body = raw.rstrip(b"\r\n")
-    if not body.strip():
-        return None
+def canonical(value: object) -> bytes:
+    """One byte form of a JSON value (sorted keys, no spaces, UTF-8), so its digest is stable.
+
+    ``surrogatepass`` keeps a lone surrogate (which only ``json`` reads) as the bytes it stands
+    for instead of failing on it."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def result_bytes(content: object) -> bytes:
+    """The bytes a tool returned: a string's UTF-8, or canonical JSON of a list of blocks."""
+    if isinstance(content, str):
+        return content.encode("utf-8", "surrogatepass")
+    if content is None:
+        return b""
+    return canonical(content)
+
+
+class _Unreadable(Exception):
+    """The line cannot be read; the message is the problem."""
+
+
+def _needs_reference(value: object, n: int) -> bool:
+    """Whether ``value`` (parsed by orjson) may differ from what ``json`` reads.
+
+    Raises _Unreadable for a value nested deeper than MAX_VALUE_DEPTH. Walks iteratively, so a
+    deep value costs no stack."""
+    stack = [(value, 0)]
+    suspicious = False
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = v.values()
+        elif isinstance(v, float):
+            suspicious |= abs(v) >= _INT_RANGE
+            continue
+        elif not isinstance(v, list):
+            continue
+        if depth >= MAX_VALUE_DEPTH:
+            raise _Unreadable(f"line {n} nests a tool input or result deeper than {MAX_VALUE_DEPTH} levels")
+        stack.extend((x, depth + 1) for x in v)
+    return suspicious
+
+
+def _reference(raw: bytes, n: int, last: bool) -> object:
+    """What the standard library's json reads from a line, or _Unreadable with the reason."""
     try:
-        text = body.decode("utf-8")  # explicit: json.loads(bytes) would accept UTF-16 and UTF-32
+        text = raw.decode("utf-8")  # explicit: json.loads(bytes) would accept UTF-16 and UTF-32
     except UnicodeDecodeError:
-        out.problems.append(f"line {n} is not valid UTF-8")
-        return None
+        raise _Unreadable(f"line {n} is not valid UTF-8") from None
     try:
-        obj = json.loads(text)
+        return json.loads(text)
+    except RecursionError:
+        raise _Unreadable(f"line {n} is nested too deeply to read") from None
     except ValueError:
         if last and not raw.endswith(b"\n"):
-            out.problems.append(f"the stream is truncated: line {n} ends without a newline and is not complete JSON")
-        else:
-            out.problems.append(f"line {n} is not a JSON document")
+            raise _Unreadable(f"the stream is truncated: line {n} ends without a newline and is not complete JSON") from None
+        raise _Unreadable(f"line {n} is not a JSON document") from None
+
+
+def _load(raw: bytes, n: int, last: bool) -> dict | None:
+    if not raw or raw.isspace():
         return None
+    try:
+        obj = orjson.loads(raw)  # JSON allows the trailing "\r\n" as white space: no copy to strip it
+    except orjson.JSONDecodeError:
+        obj = _reference(raw, n, last)
     if not isinstance(obj, dict):
-        out.problems.append(f"line {n} is not a JSON object")
-        return None
+        raise _Unreadable(f"line {n} is not a JSON object")
     return obj
 
 
@@ -107,10 +199,20 @@ def parse(lines: Iterable[bytes]) -> ParsedStream:
 
 
 def _line(out: ParsedStream, raw: bytes, n: int, last: bool, seen_ids: set[str]) -> None:
-    obj = _decode(raw, n, last, out)
-    if obj is None:
-        return
+    try:
+        obj = _load(raw, n, last)
+        if obj is not None:
+            _dispatch(out, raw, obj, n, last, seen_ids)
+    except _Unreadable as e:
+        out.problems.append(str(e))
+
+
+def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
     kind = obj.get("type")
+    if not isinstance(kind, str):
+        kind = None  # a line of no known type, like any other unknown line
+    elif kind == "result" or (kind == "system" and obj.get("subtype") == "init"):
+        obj = _reference(raw, n, last)  # once a stream: their values reach the transcript and refusals as json reads them
     if out.result is not None:
         if kind == "result":
             if _without_uuid(obj) == _without_uuid(out.result):
@@ -130,30 +232,48 @@ def _line(out: ParsedStream, raw: bytes, n: int, last: bool, seen_ids: set[str])
         else:
             out.init = obj
     elif kind == "assistant":
-        _assistant(out, obj, n, seen_ids)
+        _assistant(out, raw, obj, n, last, seen_ids)
     elif kind == "user":
-        _user(out, obj, n)
+        _user(out, raw, obj, n, last, seen_ids)
     elif kind == "result":
+        cost = _result_cost(json.loads(raw, parse_float=Decimal))  # exact: summed from the line's own literal
         out.result = obj
-        # the cost is summed exactly, so it is read from the line's own decimal literal
-        out.cost_usd = _result_cost(json.loads(raw, parse_float=Decimal))
+        if cost is not None and not (cost.is_finite() and 0 <= cost < MAX_COST_USD):
+            out.problems.append(f"line {n}: the result line states a cost of {cost} USD, which is not a cost")
+            cost = None
+        out.cost_usd = cost
 
 
 def _without_uuid(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k != "uuid"}
 
 
-def _assistant(out: ParsedStream, obj: dict, n: int, seen_ids: set[str]) -> None:
+def _kept_input(name: str, tinput: dict) -> dict:
+    """The part of a tool input the transform reads; all of it where the argument is all of it."""
+    key = ARGUMENT_KEYS.get(name)
+    if key is None or not isinstance(tinput.get(key), str):
+        return tinput
+    keep = (key, *PATH_INPUT_KEYS, "command") if name == "Bash" else (key, *PATH_INPUT_KEYS)
+    return {k: tinput[k] for k in keep if k in tinput}
+
+
+def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
     message = obj.get("message")
     if not isinstance(message, dict):
         out.problems.append(f"line {n}: an assistant line without a message")
         return
+    content = message.get("content")
+    if isinstance(content, list):
+        inputs = [b.get("input") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
+        if any(_needs_reference(i, n) for i in inputs if isinstance(i, dict)):
+            obj = _reference(raw, n, last)
+            message = obj["message"]
+            content = message.get("content")
     parent = obj.get("parent_tool_use_id")
     model = message.get("model")
     if parent is None and isinstance(model, str) and model and model != "<synthetic>":
         if model not in out.served_models:
             out.served_models.append(model)
-    content = message.get("content")
     if not isinstance(content, list):
         return
     for block in content:
@@ -167,19 +287,22 @@ def _assistant(out: ParsedStream, obj: dict, n: int, seen_ids: set[str]) -> None
             out.problems.append(f"line {n}: tool_use id {tid} appears twice")
             continue
         seen_ids.add(tid)
-        out.tool_uses.append(ToolUse(tid, name, tinput if isinstance(tinput, dict) else {}, parent, n))
+        kept = _kept_input(name, tinput) if isinstance(tinput, dict) else {}
+        out.tool_uses.append(ToolUse(tid, name, kept, parent, n))
 
 
-def _user(out: ParsedStream, obj: dict, n: int) -> None:
+def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
     message = obj.get("message")
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
         return
-    known = {t.id for t in out.tool_uses}
     results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+    if any(_needs_reference(b.get("content"), n) for b in results):
+        obj = _reference(raw, n, last)
+        results = [b for b in obj["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
     for block in results:
         tid = block.get("tool_use_id")
-        if tid not in known:
+        if not isinstance(tid, str) or tid not in seen_ids:
             out.problems.append(f"line {n}: a tool_result for tool_use id {tid!r}, which no call of the stream made")
             continue
         if tid in out.results:
@@ -187,7 +310,6 @@ def _user(out: ParsedStream, obj: dict, n: int) -> None:
             continue
         is_error = block.get("is_error")
         out.results[tid] = ToolResult(
-            content=block.get("content"),
+            digest=digest.of_bytes(result_bytes(block.get("content"))),
             is_error=is_error if isinstance(is_error, bool) else None,
-            structured=obj.get("tool_use_result") if len(results) == 1 else None,
         )

@@ -9,7 +9,6 @@ no ``result`` or ``cites``; nothing checked an artifact, so no artifact has ``fi
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -20,26 +19,7 @@ from typing import Callable
 from runner import digest
 from runner.answer import answer_of
 from runner.initcheck import InitContext, refusals
-from runner.stream import ParsedStream, ToolUse
-
-WRITE_TOOLS = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path", "NotebookEdit": "notebook_path"}
-READ_TOOLS = {"Read": "file_path", "NotebookRead": "notebook_path"}
-# The one input that identifies a call of each known tool; any other tool's argument is its
-# whole input as canonical JSON, because tool inputs are open dicts that drift across versions.
-ARGUMENT_KEYS = {
-    **WRITE_TOOLS,
-    **READ_TOOLS,
-    "LS": "path",
-    "Glob": "pattern",
-    "Grep": "pattern",
-    "Bash": "command",
-    "Task": "subagent_type",
-    "Agent": "subagent_type",
-    "Skill": "skill",
-    "WebFetch": "url",
-    "WebSearch": "query",
-}
-_PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
+from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, WRITE_TOOLS, ParsedStream, ToolUse, canonical
 
 
 @dataclass
@@ -72,29 +52,33 @@ class SessionOutcome:
 
 class _Paths:
     def __init__(self, workspace: str):
-        self.ws = PurePosixPath(workspace)
+        ws = PurePosixPath(workspace)
+        self._ws_text = str(ws)
+        # None for a relative workspace: no path, once made absolute, lies inside it
+        self._ws_parts = list(ws.parts[1:]) if ws.is_absolute() else None
         base = re.escape(workspace.rstrip("/"))
         # Only whole path words: /workspace2 and /home/workspace/x are other paths.
         self._inside = re.compile(r"(?<![\w./~-])" + base + "/")
         self._bare = re.compile(r"(?<![\w./~-])" + base + r"(?![\w./-])")
 
     def relative(self, path: str) -> str | None:
-        """The workspace-relative form of a path inside the workspace, else None."""
-        p = PurePosixPath(path)
-        if not p.is_absolute():
-            p = self.ws / p
+        """The workspace-relative form of a path inside the workspace, else None.
+
+        Lexical, as the session named it (``..`` pops a component, nothing is resolved on
+        disk), and on strings rather than PurePosixPath objects because it runs for every call
+        of every session and pathlib cost more than parsing the stream."""
+        if self._ws_parts is None:
+            return None
         parts: list[str] = []
-        for part in p.parts[1:]:
+        for part in (path if path.startswith("/") else self._ws_text + "/" + path).split("/"):
             if part == "..":
                 if parts:
                     parts.pop()
-            elif part != ".":
+            elif part and part != ".":
                 parts.append(part)
-        norm = PurePosixPath("/", *parts)
-        if norm == self.ws:
-            return "."
-        if self.ws in norm.parents:
-            return norm.relative_to(self.ws).as_posix()
+        k = len(self._ws_parts)
+        if parts[:k] == self._ws_parts:
+            return "/".join(parts[k:]) or "."
         return None
 
     def strip(self, text: str) -> str:
@@ -105,26 +89,14 @@ class _Paths:
         return rel if rel is not None else path
 
 
-def _canonical(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _result_bytes(content: object) -> bytes:
-    if isinstance(content, str):
-        return content.encode("utf-8", "surrogatepass")
-    if content is None:
-        return b""
-    return _canonical(content)
-
-
 def argument_of(use: ToolUse, paths: _Paths) -> str:
     key = ARGUMENT_KEYS.get(use.name)
     value = use.input.get(key) if key else None
-    if key in _PATH_INPUT_KEYS and isinstance(value, str):
+    if key in PATH_INPUT_KEYS and isinstance(value, str):
         return paths.show(value)
     if isinstance(value, str):
         return paths.strip(value)
-    return paths.strip(_canonical(use.input).decode())
+    return paths.strip(canonical(use.input).decode("utf-8", "surrogatepass"))
 
 
 def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
@@ -137,7 +109,7 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
                 found.append(candidate)
 
     for use in uses:
-        for key in _PATH_INPUT_KEYS:
+        for key in PATH_INPUT_KEYS:
             value = use.input.get(key)
             if isinstance(value, str):
                 add(value)
@@ -171,7 +143,7 @@ def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dic
             if rel is not None and rel not in written and rel in facts.manifest and not res.is_error:
                 call["result"] = facts.manifest[rel]  # the document's content digest, as the plan prints it
             else:
-                call["result"] = digest.of_bytes(_result_bytes(res.content))
+                call["result"] = res.digest
         if use.name in WRITE_TOOLS:
             target = use.input.get(WRITE_TOOLS[use.name])
             rel = paths.relative(target) if isinstance(target, str) else None
