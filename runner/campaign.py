@@ -20,7 +20,7 @@ from typing import Callable
 
 from runner import digest, layout, stream
 from runner.throttle import Backoff, Signals, observe
-from runner.errors import NotStarted, SealError, SessionInterrupted, UserError
+from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
@@ -239,6 +239,10 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
             record = executor.run(plan, probe, sealed, scratch, store, keys, also, started)
         except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
             return f"not started ({e})", None
+        except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
+            ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
+            _finish(executor, keys)
+            return f"refused ({e})", None
         except SessionInterrupted as e:
             ledger.outcome(spec.key, attempt, "interrupted", e.detail)
             _finish(executor, keys)

@@ -23,7 +23,7 @@ from runner.store import StoreError
 EPILOG = """settings come from the environment (prefix RUNNER_, '__' between nested names), e.g.
   RUNNER_STORE=file:///srv/runs  RUNNER_PROVIDER__BASE_URL=https://api.anthropic.com
   RUNNER_PROVIDER__API_KEY=...   RUNNER_HARNESS__COMMAND=/usr/bin/claude
-flags override them. Exit status: 0 all recorded; 1 sessions left interrupted; 2 bad input;
+flags override them. Exit status: 0 all recorded; 1 sessions left interrupted or not started; 2 bad input;
 12 a session could not be confined or something was refused (see the refused section)."""
 
 
@@ -160,7 +160,11 @@ def _print_report(store, plan, report, out=sys.stdout) -> int:
             where = f"{r.get('probe')} {r.get('session')}" if r["scope"] != "transcript" else r["transcript"]
             print(f"  {r['scope']} {where} ({r.get('arm')}): {r['reason']}", file=out)
     states = Ledger(store, plan.campaign).sessions()
-    if any(s.status == "started" for s in states.values()):
+    waiting = [spec.key for spec in plan.sessions() if spec.key not in states or states[spec.key].status == "intended"]
+    if waiting:
+        print(f"not started: {len(waiting)} session(s), e.g. {waiting[0]}: nothing was spent; "
+              "`probe-runner run` again starts them", file=sys.stderr)
+    if waiting or any(s.status == "started" for s in states.values()):
         return 1
     return EXIT_CONFINEMENT if report.refusals else 0
 

@@ -38,3 +38,8 @@ class SessionInterrupted(Exception):
     def __init__(self, reason: str, detail: dict):
         super().__init__(reason)
         self.detail = detail
+
+
+class SessionRefused(Exception):
+    """The executor refused a session after journaling its start, before the harness ran (e.g.
+    the harness container could not be confined): recorded as refused, with ``reason``."""

@@ -43,7 +43,6 @@ import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -53,6 +52,7 @@ from pathlib import Path
 
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
+from runner.executors.elf import elf_loader
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.layout import SessionKeys
 from runner.ledger import now
@@ -101,28 +101,6 @@ def root_siblings(root: Path = Path("/")) -> list[str]:
         elif p.is_dir():
             args += ["--ro-bind", str(p), f"/{name}"]
     return args
-
-
-def elf_loader(path: str) -> str:
-    """The dynamic loader (PT_INTERP) an ELF executable names, resolved on the host.
-
-    The harness is made non-dumpable through its loader (see the module's docstring), so a
-    harness without one (a static binary, or a script) cannot be confined here.
-    """
-    with open(path, "rb") as f:
-        head = f.read(64)
-        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:
-            raise ConfinementError(f"the harness {path} is not a 64-bit ELF executable; it could not be made non-dumpable")
-        order = "<" if head[5] == 1 else ">"
-        phoff, = struct.unpack_from(order + "Q", head, 0x20)
-        phentsize, phnum = struct.unpack_from(order + "HH", head, 0x36)
-        for i in range(phnum):
-            f.seek(phoff + i * phentsize)
-            p_type, _, p_offset, _, _, p_filesz = struct.unpack(order + "IIQQQQ", f.read(40))
-            if p_type == 3:  # PT_INTERP
-                f.seek(p_offset)
-                return os.path.realpath(f.read(p_filesz).rstrip(b"\0").decode())
-    raise ConfinementError(f"the harness {path} names no dynamic loader (a static binary); it could not be made non-dumpable")
 
 
 def pid1_script(loader: str) -> str:

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner import digest
-from runner.errors import NotStarted, SessionInterrupted, UserError
+from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, is_transient
-from runner.k8s.manifests import TIMEOUT_EXIT, WORKSPACE
+from runner.k8s.manifests import TIMEOUT_EXIT, UNCONFINED_EXIT, WORKSPACE
 from runner.k8s.podcache import PodCache
 from runner.k8s.pod import deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
 from runner.layout import SessionKeys
@@ -128,6 +128,10 @@ class KubernetesExecutor:
             detail = self._salvage(name, spool, store, keys)
             raise SessionInterrupted(reason, {"reason": reason, **detail})
         term = end[1]
+        if term.get("exitCode") == UNCONFINED_EXIT:
+            raise SessionRefused("the harness container could not be confined: the CLI's ELF loader is readable, so the "
+                                 "session could have written into its stream (the harness image must make it execute-only); "
+                                 "the CLI did not run")
         record = self._reader_record(name)
         if record is None:
             detail = self._salvage(name, spool, store, keys)

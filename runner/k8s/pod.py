@@ -12,6 +12,15 @@ credentials into the configuration directory, gives the CLI the task on stdin, e
 time limit, removes the credentials and exits with the CLI's exit code (124 on the time
 limit). When it exits, the runtime ends every process left in the container.
 
+The session runs under the harness's uid, so the socket alone does not keep it off the stream:
+it could attach to the CLI (the container runtime's RuntimeDefault seccomp profile allows
+ptrace) or write the CLI's memory through ``/proc/PID/mem``. So the entry point installs the
+filter of runner/executors/seccomp.py (ptrace, pidfd_getfd, process_vm_readv/writev fail with
+EPERM) on itself before it starts the CLI, and it refuses to start the CLI (exit 125, nothing
+spent) unless the CLI's ELF loader is unreadable to it: execve() then leaves every process of
+the container non-dumpable, which is what closes ``/proc/PID/fd`` and ``/proc/PID/mem`` to
+the session. The harness image makes its loader execute-only for that reason.
+
 Paths come from the environment (the pod manifest sets them), so the same code runs in a
 container and on the simulated nodes of the tests.
 """
@@ -36,6 +45,7 @@ STREAM_NAME = "stream.jsonl"
 RECORD_NAME = "record.json"
 DELIVERED_NAME = "delivered"
 TIMEOUT_EXIT = 124
+UNCONFINED_EXIT = 125  # the CLI would have been dumpable: refused before it ran
 _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
 
@@ -108,8 +118,30 @@ def _connect(path: Path, wait: float) -> socket.socket:
             time.sleep(0.1)
 
 
+def _dumpable_because(executable: str) -> str | None:
+    """Why the CLI would run dumpable (its loader is readable here), or None."""
+    from runner.errors import ConfinementError
+    from runner.executors.elf import elf_loader
+
+    found = shutil.which(executable)
+    if found is None:
+        return f"{executable} is not on PATH"
+    try:
+        loader = elf_loader(found)
+    except ConfinementError as e:
+        return str(e)
+    return f"its ELF loader {loader} is readable" if os.access(loader, os.R_OK) else None
+
+
 def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path | None) -> int:
+    from runner.executors import seccomp
+
     conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
+    why = _dumpable_because(argv[0])
+    if why is not None:  # the reader sees an empty stream; the exit code says why
+        print(f"probe harness: refused: the session could write into the CLI's stream: {why}", file=sys.stderr)
+        return UNCONFINED_EXIT
+    seccomp.install(seccomp.program())
     task = os.environ.get("PROBE_TASK", "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE_")}
     config = Path(env.get("CLAUDE_CONFIG_DIR", env.get("HOME", "/tmp")))

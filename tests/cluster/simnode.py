@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kubernetes import client, watch
+
+from runner.executors.elf import elf_loader
 
 REPO = Path(__file__).resolve().parents[2]
 KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
@@ -50,7 +51,7 @@ class _Pod:
 
 class SimNode:
     def __init__(self, api: client.ApiClient, namespace: str, root: Path, harness: list[str],
-                 harness_delay: float = 0.0, harness_binds: tuple[str, ...] = ()):
+                 harness_delay: float = 0.0, harness_binds: tuple[str, ...] = (), loader_exec_only: bool = True):
         self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -59,6 +60,7 @@ class SimNode:
         self.harness = harness
         self.harness_delay = harness_delay
         self.harness_binds = harness_binds  # host paths the harness override needs (read-only)
+        self.loader_exec_only = loader_exec_only  # False: an image that forgot to make its loader execute-only
         self.pods: dict[str, _Pod] = {}
         self.created: dict[str, set[str]] = {}  # pod name -> every uid seen under it
         self.specs: dict[str, dict] = {}  # pod name -> its spec as first seen
@@ -216,6 +218,12 @@ class SimNode:
                 bwrap += ["--symlink", os.readlink(h), f"/{name}"]
             elif h.is_dir():
                 bwrap += ["--ro-bind", str(h), f"/{name}"]
+        # As the harness image does: the ELF loader execute-only, so every process of the
+        # container is non-dumpable (runner.k8s.pod refuses to start the CLI otherwise).
+        loader = elf_loader(shutil.which(self.harness[0]) or self.harness[0])
+        loader_fd = os.open(loader, os.O_RDONLY)
+        if self.loader_exec_only:
+            bwrap += ["--perms", "0111", "--ro-bind-data", str(loader_fd), loader]
         bwrap += ["--proc", "/proc", "--dev", "/dev"]
         for target, src in sorted(mounts.items()):
             bwrap += ["--bind", str(src), target]
@@ -228,8 +236,11 @@ class SimNode:
             self.running_now += 1
             self.max_running = max(self.max_running, self.running_now)
         p.harness_started = time.monotonic()
-        proc = subprocess.Popen(bwrap + argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=open(p.root / "harness.log", "wb"))
+        try:
+            proc = subprocess.Popen(bwrap + argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                    stderr=open(p.root / "harness.log", "wb"), pass_fds=(loader_fd,))
+        finally:
+            os.close(loader_fd)
         p.procs.append(proc)
         code = proc.wait()
         with self._lock:

@@ -422,3 +422,27 @@ def test_builders_policies_are_accepted_and_a_foreign_allow_policy_refuses_the_r
     assert "NetworkPolicy allow-egress also selects session pods" in proc.stderr and "Traceback" not in proc.stderr
     assert not Ledger(open_store(store_uri), data["campaign"]).entries
     assert not _pods(kube_cluster, namespace)
+
+
+def test_harness_container_that_would_be_dumpable_is_refused_before_the_cli_runs(kube_cluster, nodes, namespace, sim_root,
+                                                                               shared, real_stream, tmp_path):
+    """An image whose ELF loader is readable would leave the CLI dumpable (its /proc/PID/mem
+    and fds open to the session): the entry point refuses, the session is journaled refused
+    with the reason, and not a byte of the replayed stream was produced."""
+    store_uri = (tmp_path / "store").as_uri()
+    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k"))
+    plan = _plan(f"dumpable-{_uid()}", 1)
+    plan = plan.model_copy(update={"probes": plan.probes[:1], "arms": plan.arms[:1]})
+    store = open_store(store_uri, settings)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream), harness_binds=(str(shared),),
+                 loader_exec_only=False) as sim:
+        try:
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        assert not sim.errors, sim.errors
+    (state,) = Ledger(store, plan.campaign).sessions().values()
+    assert state.status == "refused" and "ELF loader is readable" in state.detail["reason"], state.detail
+    assert not store.exists(f"campaigns/{plan.campaign}/sessions/{state.key}/stream.jsonl")
+    _wait_no_pods(kube_cluster, namespace)

@@ -117,6 +117,10 @@ def test_harness_image_has_the_pinned_cli_python3_and_the_runner_package():
     assert manifests.POD_MODULE[0] == "python3"
     assert any("/usr/local/bin/python3" in r and "exec /opt/runner/bin/python3" in r for r in final.all("RUN"))
     assert final.all("WORKDIR") == [manifests.WORKSPACE]
+    # Non-dumpable processes (runner/k8s/pod.py refuses a readable loader): the loader is made
+    # execute-only, after every step that runs as root and before the harness user.
+    runs = final.all("RUN")
+    assert "chmod 0111" in runs[-1] and "/lib64/ld-linux-x86-64.so.2" in runs[-1]
 
 
 def test_runner_image_is_multi_stage_and_runs_the_controller_and_the_reader():
