@@ -190,7 +190,9 @@ class S3Store(Store):
             return self._described(dest)
         begun = self._uploads(dfull)
         if not begun:
-            if self.exists(key):  # committed; the writer died before removing its spool
+            if self.exists(key):  # committed; what a dead writer left of it is stale
+                for u in self._uploads(full):
+                    self.call("abort_multipart_upload", Bucket=self.bucket, Key=full, UploadId=u)
                 shutil.rmtree(spool, ignore_errors=True)
                 return None
             orphans = self._uploads(full)
@@ -265,11 +267,10 @@ class _S3StreamWriter(StreamWriter):
         if create_only and store.exists(key):
             raise AlreadyExists(f"s3://{store.bucket}/{self.full} exists")
         self.spool = store.spool_path(self.full)
-        if self.spool.exists():
-            if create_only:
-                raise StoreError(f"s3://{store.bucket}/{self.full}: a killed writer's bytes wait in {self.spool}; "
-                                 f"`probe-runner ledger recover` keeps them")
-            shutil.rmtree(self.spool)
+        # A dead writer's spool of this key is superseded: the runner never writes a started
+        # session's stream twice (a new attempt has keys of its own), so whoever writes the key
+        # again has all its bytes (e.g. the Kubernetes executor re-uploading its fetched copy).
+        shutil.rmtree(self.spool, ignore_errors=True)
         self.spool.mkdir(parents=True)
         (self.spool / "target").write_text(f"s3://{store.bucket}/{self.full}\n")
         self.buffer = bytearray()

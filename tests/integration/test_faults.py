@@ -13,8 +13,10 @@ what the runner received.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +25,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
-import http.client
 
 import boto3
 import pytest
@@ -159,8 +160,10 @@ def test_a_runner_killed_at_every_stage_keeps_every_byte_and_runs_no_session_twi
         return sum(1 for r in provider.main_loop_requests() if r.get("cwd", "").startswith(f"{work}/demo/HW-PRB-0007/present-00{n}."))
 
     said = {}
-    for stage, victim, requests_by_then in (("before-intent", 1, 0), ("after-intent", 1, 0), ("stream-stored", 1, TURNS),
-                                            ("before-outcome", 2, TURNS), ("mid-stream", 3, None)):
+    chain = (("before-intent", 1, 0), ("after-intent", 1, 0), ("stream-stored", 1, TURNS), ("before-outcome", 2, TURNS),
+             ("mid-stream", 3, None))  # (stage, the session it kills, its main-loop requests by then)
+    assert sorted(stage for stage, _, _ in chain) == sorted(STAGES)  # every kill point, none left out
+    for stage, victim, requests_by_then in chain:
         killed = cli(*run, env={**env, "RUNNER_TEST_FAULTS": "1", "RUNNER_TEST_KILL_AT": stage})
         assert killed.returncode == -signal.SIGKILL, f"{stage}: {killed.stderr}"
         said[stage] = next(ln for ln in killed.stderr.splitlines() if ln.startswith(f"fault-injection: SIGKILL at {stage}"))
@@ -421,3 +424,17 @@ def test_a_salvage_cut_short_is_finished_by_the_next_call(relay, tmp_path):
     kept = store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl")
     assert store.get("s/stream.incomplete.jsonl") == data and kept["bytes"] == len(data)
     assert not store.exists("s/stream.jsonl")
+
+
+def test_without_the_spool_the_uploaded_parts_are_kept_and_the_loss_is_stated(relay, tmp_path):
+    """Recovering on another host (no spool): what S3 holds is kept; the note says the rest,
+    at most one part, is gone."""
+    store = _relayed_store(relay, tmp_path)
+    data = os.urandom(12 * MIB)
+    w = store.writer("s/stream.jsonl")
+    w.write(data)  # two 5 MiB parts uploaded, 2 MiB only in the spool
+    w.abort()
+    shutil.rmtree(tmp_path / "spool")
+    kept = store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl")
+    assert store.get("s/stream.incomplete.jsonl") == data[:10 * MIB] and kept["bytes"] == 10 * MIB
+    assert kept["kept_from"] == "2 uploaded part(s) + no spool on this host: bytes after the uploaded parts (at most one part) are lost"

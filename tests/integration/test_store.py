@@ -193,3 +193,19 @@ def test_a_whole_campaign_runs_on_the_s3_store(moto_endpoint, tmp_path, claude_c
     assert Ledger(store, campaign).verify() == []
     refusals = json.loads(store.get(f"campaigns/{campaign}/transcripts/refusals.json"))
     assert refusals["refusals"] == []
+
+
+def test_writing_a_key_again_supersedes_what_a_dead_writer_left(store):
+    """Whoever writes a stream key again has all its bytes (the runner never rewrites a started
+    session's stream; the Kubernetes executor re-uploads its own fetched copy after a restart)."""
+    dead = store.writer("s/stream.jsonl")
+    dead.write(b"x" * (6 * MIB))  # on S3: one part uploaded, the rest spooled
+    dead.abort()
+    again = store.writer("s/stream.jsonl")
+    again.write(b"whole\n")
+    again.commit()
+    assert store.get("s/stream.jsonl") == b"whole\n"
+    assert store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl") is None
+    assert not store.exists("s/stream.incomplete.jsonl")
+    if isinstance(store, S3Store):
+        assert store._uploads("runs/s/stream.jsonl") == []  # the dead writer's upload was aborted
