@@ -157,7 +157,7 @@ def test_a_runner_killed_at_every_stage_keeps_every_byte_and_runs_no_session_twi
     keys = {n: layout.SessionKeys("demo", "HW-PRB-0007", f"present-00{n}") for n in (1, 2, 3, 4)}
 
     def requests(n: int) -> int:  # main-loop requests of one session, told apart by its workspace
-        return sum(1 for r in provider.main_loop_requests() if r.get("cwd", "").startswith(f"{work}/demo/HW-PRB-0007/present-00{n}."))
+        return sum(1 for r in provider.main_loop_requests() if (r.get("cwd") or "").startswith(f"{work}/demo/HW-PRB-0007/present-00{n}."))
 
     said = {}
     chain = (("before-intent", 1, 0), ("after-intent", 1, 0), ("stream-stored", 1, TURNS), ("before-outcome", 2, TURNS),
