@@ -29,8 +29,24 @@ class TranscriptError(ValueError):
     """The file is not a transcript this contract can read."""
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, except that a string holding NEL (U+0085) is double-quoted.
+
+    The emitter takes NEL for a line break and writes it as one inside a single-quoted scalar,
+    which reads back as a space: the string a session gave would change on its way into the
+    transcript. Double quotes escape it as ``\\N``, which reads back as NEL."""
+
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        if "\x85" in data:
+            return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+        return super().represent_str(data)
+
+
+_Dumper.add_representer(str, _Dumper.represent_str)
+
+
 def _dump(value: object) -> str:
-    return yaml.safe_dump(value, sort_keys=False, default_flow_style=False, allow_unicode=True, width=10**6)
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=10**6)
 
 
 def render(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> str:

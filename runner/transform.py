@@ -54,8 +54,9 @@ class _Paths:
     def __init__(self, workspace: str):
         ws = PurePosixPath(workspace)
         self._ws_text = str(ws)
-        # None for a relative workspace: no path, once made absolute, lies inside it
-        self._ws_parts = list(ws.parts[1:]) if ws.is_absolute() else None
+        # None where no path, once normalised under the root "/", can lie inside the workspace:
+        # a relative workspace, or one under POSIX's distinct root "//"
+        self._ws_parts = list(ws.parts[1:]) if ws.root == "/" else None
         base = re.escape(workspace.rstrip("/"))
         # Only whole path words: /workspace2 and /home/workspace/x are other paths.
         self._inside = re.compile(r"(?<![\w./~-])" + base + "/")
