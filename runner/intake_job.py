@@ -21,7 +21,7 @@ from runner.ledger import Ledger
 from runner.plan import Plan
 from runner.store import NotFound, Store
 from runner.transcript import render
-from runner.transform import SessionFacts, SessionOutcome, transform
+from runner.transform import SessionFacts, SessionOutcome, result_needed, transform
 
 CONTRACT_PROSE = (
     "Every session ran in permission mode dontAsk with --setting-sources project,local, one list "
@@ -67,9 +67,6 @@ def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]):
 def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys) -> tuple[SessionOutcome, dict]:
     capture = json.loads(store.get(keys.capture))
     sealed = json.loads(store.get(keys.seal))
-    parsed = stream.parse(store.iter_lines(keys.stream))
-    if capture.get("timed_out"):
-        parsed.problems.append("the session was killed at the time limit")
     arts = capture.get("artifacts") or {}
     facts = SessionFacts(
         probe=keys.probe,
@@ -83,6 +80,9 @@ def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys) -> tup
         declared_mcp_servers=frozenset(sealed.get("mcp_servers", [])),
         host_skills=frozenset(capture.get("host_skills", [])),
     )
+    parsed = stream.parse(store.iter_lines(keys.stream), result_needed(facts))
+    if capture.get("timed_out"):
+        parsed.problems.append("the session was killed at the time limit")
     probe = plan.probe(keys.probe)
     return transform(parsed, facts, probe.answers, plan.identifier_re), capture
 

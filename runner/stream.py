@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Iterable
+from typing import Callable, Iterable
 
 import orjson
 
@@ -77,7 +77,9 @@ class ToolUse:
 
 @dataclass
 class ToolResult:
-    digest: str  # the identity of what the call returned: sha256 of its bytes (see result_bytes)
+    # the identity of what the call returned: sha256 of its bytes (see result_bytes); None where
+    # the caller said the transform identifies the result otherwise (see parse)
+    digest: str | None
     is_error: bool | None
 
 
@@ -177,19 +179,27 @@ def _result_cost(line: dict) -> Decimal | None:
     return None
 
 
-def parse(lines: Iterable[bytes]) -> ParsedStream:
+# Whether a call's result digest can be needed, asked when its result arrives with the call, its
+# is_error, and the calls of the stream so far.
+ResultNeeded = Callable[[ToolUse, "bool | None", list[ToolUse]], bool]
+
+
+def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None) -> ParsedStream:
+    """``result_needed`` lets the transform spare the parser the digest of a result it writes as
+    something else (a read of a sealed document is identified by the document's digest): encoding
+    and hashing a result costs a third of parsing its line. Without it every result is digested."""
     out = ParsedStream()
-    seen_ids: set[str] = set()
+    state = _State(set(), result_needed)
     pending = None
     n = 0
     # Look one line ahead so the last line can be told apart (a cut-off last line is truncation).
     for raw in lines:
         if pending is not None:
-            _line(out, pending, n, False, seen_ids)
+            _line(out, pending, n, False, state)
         n += 1
         pending = raw
     if pending is not None:
-        _line(out, pending, n, True, seen_ids)
+        _line(out, pending, n, True, state)
     out.lines = n
     if out.init is None:
         out.problems.append("the stream has no init line, so it does not state what the session loaded")
@@ -198,16 +208,22 @@ def parse(lines: Iterable[bytes]) -> ParsedStream:
     return out
 
 
-def _line(out: ParsedStream, raw: bytes, n: int, last: bool, seen_ids: set[str]) -> None:
+@dataclass
+class _State:
+    seen_ids: set[str]
+    result_needed: ResultNeeded | None
+
+
+def _line(out: ParsedStream, raw: bytes, n: int, last: bool, state: _State) -> None:
     try:
         obj = _load(raw, n, last)
         if obj is not None:
-            _dispatch(out, raw, obj, n, last, seen_ids)
+            _dispatch(out, raw, obj, n, last, state)
     except _Unreadable as e:
         out.problems.append(str(e))
 
 
-def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
+def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _State) -> None:
     kind = obj.get("type")
     if not isinstance(kind, str):
         kind = None  # a line of no known type, like any other unknown line
@@ -232,9 +248,9 @@ def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen
         else:
             out.init = obj
     elif kind == "assistant":
-        _assistant(out, raw, obj, n, last, seen_ids)
+        _assistant(out, raw, obj, n, last, state.seen_ids)
     elif kind == "user":
-        _user(out, raw, obj, n, last, seen_ids)
+        _user(out, raw, obj, n, last, state)
     elif kind == "result":
         cost = _result_cost(json.loads(raw, parse_float=Decimal))  # exact: summed from the line's own literal
         out.result = obj
@@ -291,7 +307,7 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, see
         out.tool_uses.append(ToolUse(tid, name, kept, parent, n))
 
 
-def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
+def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _State) -> None:
     message = obj.get("message")
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
@@ -302,14 +318,21 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids
         results = [b for b in obj["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
     for block in results:
         tid = block.get("tool_use_id")
-        if not isinstance(tid, str) or tid not in seen_ids:
+        if not isinstance(tid, str) or tid not in state.seen_ids:
             out.problems.append(f"line {n}: a tool_result for tool_use id {tid!r}, which no call of the stream made")
             continue
         if tid in out.results:
             out.problems.append(f"line {n}: a second tool_result for tool_use id {tid}")
             continue
         is_error = block.get("is_error")
+        is_error = is_error if isinstance(is_error, bool) else None
+        needed = state.result_needed is None or state.result_needed(_use(out, tid), is_error, out.tool_uses)
         out.results[tid] = ToolResult(
-            digest=digest.of_bytes(result_bytes(block.get("content"))),
-            is_error=is_error if isinstance(is_error, bool) else None,
+            digest=digest.of_bytes(result_bytes(block.get("content"))) if needed else None,
+            is_error=is_error,
         )
+
+
+def _use(out: ParsedStream, tid: str) -> ToolUse:
+    """The call a result answers: nearly always one of the last few, so searched from the end."""
+    return next(u for u in reversed(out.tool_uses) if u.id == tid)

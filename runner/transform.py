@@ -19,7 +19,7 @@ from typing import Callable
 from runner import digest
 from runner.answer import answer_of
 from runner.initcheck import InitContext, refusals
-from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, WRITE_TOOLS, ParsedStream, ToolUse, canonical
+from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse, canonical
 
 
 @dataclass
@@ -152,6 +152,32 @@ def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dic
                 written.add(rel)
         calls.append(call)
     return calls
+
+
+def result_needed(facts: SessionFacts) -> ResultNeeded:
+    """For ``stream.parse``: whether the transform can write a call's result as the digest of
+    what the call returned. It does not for a successful read of a document of the sealed
+    workspace that no write before it touched; that read's result is the document's digest.
+    Writes seen so far stand for writes before the call (a superset: the call's own tool_use
+    and every earlier one came first), so a result is never wrongly spared."""
+    paths = _Paths(facts.workspace)
+    written: set[str] = set()
+    counted = 0
+
+    def needed(use: ToolUse, is_error: bool | None, uses: list[ToolUse]) -> bool:
+        nonlocal counted
+        for seen in uses[counted:]:
+            target = seen.input.get(WRITE_TOOLS.get(seen.name, ""))
+            if isinstance(target, str) and (rel := paths.relative(target)) is not None:
+                written.add(rel)
+        counted = len(uses)
+        if use.name not in READ_TOOLS or is_error:
+            return True
+        target = use.input.get(READ_TOOLS[use.name])
+        rel = paths.relative(target) if isinstance(target, str) else None
+        return rel is None or rel in written or rel not in facts.manifest
+
+    return needed
 
 
 def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:

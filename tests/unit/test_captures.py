@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import stream
-from runner.transform import SessionFacts, transform
+from runner import digest, stream
+from runner.transform import SessionFacts, result_needed, transform
 
 DATA = Path(__file__).parents[1] / "data"
 CAPTURES = DATA / "captures"
@@ -33,13 +33,20 @@ def streams() -> list[Path]:
 
 
 def run(path: Path, compliant_init: bool = False):
+    """Parse and transform as the intake job does: the workspace is the init line's cwd, and its
+    sealed manifest holds the .md files the session read (their results are then the manifest's
+    digest, and the parser is spared their digests)."""
     with open(path, "rb") as f:
-        parsed = stream.parse(f)
-    workspace = (parsed.init or {}).get("cwd", "/workspace")
+        workspace = (stream.parse(f).init or {}).get("cwd", "/workspace")
+        f.seek(0)
+        reads = [u.input["file_path"] for u in stream.parse(f).tool_uses if u.name == "Read"]
+        f.seek(0)
+        manifest = {p[len(workspace) + 1:]: digest.of_text(p) for p in reads if p.startswith(workspace + "/") and p.endswith(".md")}
+        facts = SessionFacts(probe="p", session="present-001", workspace=workspace, config_dir="/session/config",
+                             manifest=manifest, final_file=lambda rel: None)
+        parsed = stream.parse(f, result_needed(facts))
     if compliant_init and parsed.init is not None:
         parsed.init = {"permissionMode": "dontAsk"}
-    facts = SessionFacts(probe="p", session="present-001", workspace=workspace, config_dir="/session/config",
-                         manifest={}, final_file=lambda rel: None)
     return parsed, transform(parsed, facts, ["4", "ok"], IDENT)
 
 

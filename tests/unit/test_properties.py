@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from runner import answer, digest, intake, stream, transcript
 from runner.testing import fuzz_targets
-from runner.transform import _Paths
+from runner.transform import SessionFacts, _Paths, result_needed, transform
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 IDENT = re.compile(r"HW-[A-Z]+-[0-9]{4}")
@@ -72,7 +72,7 @@ def streams(draw) -> list[bytes]:
     return lines
 
 
-@FAST
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])  # each renders a transcript
 @given(streams())
 def test_any_stream_ends_in_an_event_that_survives_the_transcript_or_in_refusals(lines):
     fuzz_targets.stream_target(b"".join(lines))
@@ -113,6 +113,33 @@ def test_digests_and_arguments_are_what_json_reads(tool_input, content):
     reference_content = json.loads(line_res.decode("utf-8", "surrogatepass"))["message"]["content"][0]["content"]
     assert stream.canonical(parsed.tool_uses[0].input) == stream.canonical(reference_input)
     assert parsed.results["t"].digest == digest.of_bytes(stream.result_bytes(reference_content))
+
+
+@st.composite
+def reads_and_writes(draw) -> list[bytes]:
+    """Complete streams of reads and writes of a few documents, some calls made in parallel
+    (their tool_use lines before their results), some results errors."""
+    lines = [dump({"type": "system", "subtype": "init"})]
+    for k in range(draw(st.integers(0, 6))):
+        batch = [(f"t{k}_{j}", draw(st.sampled_from(["Read", "Write", "Edit", "NotebookRead", "Bash"])),
+                  draw(st.sampled_from(["/workspace/a.md", "a.md", "/workspace/./b/../a.md", "/workspace/b", "/etc/x"])))
+                 for j in range(draw(st.integers(1, 2)))]
+        for tid, tool, path in batch:
+            key = "notebook_path" if tool == "NotebookRead" else "command" if tool == "Bash" else "file_path"
+            lines.append(dump({"type": "assistant", "message": {"content": [{"type": "tool_use", "id": tid, "name": tool, "input": {key: path}}]}}))
+        for tid, _, _ in draw(st.permutations(batch)):
+            lines.append(dump({"type": "user", "message": {"content": [
+                {"type": "tool_result", "tool_use_id": tid, "content": draw(st.text(max_size=5)), "is_error": draw(st.none() | st.booleans())}]}}))
+    return lines + [dump({"type": "result", "subtype": "success", "result": "x", "total_cost_usd": 1})]
+
+
+@FAST
+@given(reads_and_writes() | streams(), st.sets(st.sampled_from(["a.md", "b", "etc/x"]), max_size=3))
+def test_sparing_the_digests_of_manifest_reads_changes_no_outcome(lines, documents):
+    facts = SessionFacts(probe="p", session="s", workspace="/workspace", config_dir="/c",
+                         manifest={d: digest.of_text(d) for d in documents}, final_file=lambda rel: b"x")
+    spared = transform(stream.parse(lines, result_needed(facts)), facts, ["a b"], IDENT)
+    assert spared == transform(stream.parse(lines), facts, ["a b"], IDENT)
 
 
 def _relative_with_pathlib(workspace: str, path: str) -> str | None:
