@@ -1,0 +1,280 @@
+"""Transform throughput against a floor: what the transform derives must cost no more than the
+parsing it cannot avoid.
+
+Generates a realistic stream-json corpus on disk (many sessions, long tool results, the
+structured ``tool_use_result`` copies the CLI adds, subagent lines, hooks and rate-limit
+lines), then measures over the same bytes, one process and so one core each:
+
+* floor: a bare loop that splits lines and parses each with the fastest JSON parser here
+  (orjson);
+* json: the same loop with the standard library's ``json``;
+* jq: ``jq -c .type`` over the same files;
+* transform: what the transform-and-intake job does per session (``stream.parse``,
+  ``transform``), then one transcript rendered and confirmed over all events.
+
+Rates are MB/s per core: bytes over the CPU time the work used (user + system), so the other
+work on a shared machine does not count against it. The transform also runs in a child
+process of its own so that its peak RSS is its own, printed beside the largest line of the
+corpus and beside the peak of the same child over the first session alone: memory bounded by
+the largest line means the two peaks stay close however large the corpus is.
+
+Usage: ``nice -n 19 python3 bench/transform.py [--size 1GiB] [--result-kb 20] [--dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+WORKSPACE = "/workspace"
+CONFIG = "/session/config"
+SESSION_BYTES = 4 << 20  # a long session: about 200 tool calls of 20 KB
+_WORDS = ("the decision HW-DR-0052 supersedes HW-DR-0041 and names a status field; fn parse(x: &str) -> "
+          "Result<Vec<u8>> { let v = x.trim(); } # \"quoted\" \t tabbed \\ back-slash é ü → ✓ ").split(" ")
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]i?B?)?", text.strip(), re.I)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text}")
+    unit = (m.group(2) or "").upper().rstrip("B").rstrip("I")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[unit])
+
+
+def _pool(rng: random.Random, size: int = 4 << 20) -> str:
+    """File-like text: numbered lines of words, with escapes and non-ASCII as real files have."""
+    out, n, total = [], 1, 0
+    while total < size:
+        line = f"{n:>6}\t" + " ".join(rng.choice(_WORDS) for _ in range(12)) + "\n"
+        out.append(line)
+        total += len(line)
+        n += 1
+    return "".join(out)
+
+
+def _text(rng: random.Random, pool: str, size: int) -> str:
+    """A document of ``size`` characters: a slice of the pool, so documents differ."""
+    start = rng.randrange(len(pool) - size)
+    return pool[start:start + size]
+
+
+def _dump(obj: dict) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+def _session(rng: random.Random, pool: str, target: int, result_bytes: int, sid: str) -> bytes:
+    common = {"session_id": sid}
+    lines = [
+        _dump({"type": "system", "subtype": "hook_started", "hook_id": str(uuid.UUID(int=rng.getrandbits(128))),
+               "hook_name": "SessionStart:startup", "hook_event": "SessionStart", **common}),
+        _dump({"type": "system", "subtype": "init", "cwd": WORKSPACE, "tools": ["Bash", "Read", "Write", "Edit", "Grep", "Glob", "Task"],
+               "mcp_servers": [], "model": "claude-sonnet-4-5", "permissionMode": "dontAsk", "skills": ["debug"],
+               "plugins": [], "memory_paths": {"auto": CONFIG + "/projects/-workspace/memory/"},
+               "claude_code_version": "2.1.197", **common}),
+    ]
+    size, i = sum(map(len, lines)), 0
+    counted = len(lines)
+    usage = {"input_tokens": 3, "cache_creation_input_tokens": 2170, "cache_read_input_tokens": 14910, "output_tokens": 229}
+    while size < target:
+        tid = f"toolu_{sid[:8]}_{i:04d}"
+        kind = rng.choice(("Read", "Read", "Read", "Bash", "Grep", "Write", "Edit", "Task"))
+        parent = f"toolu_{sid[:8]}_task" if kind == "Task" else None
+        doc = f"docs/decisions/HW-DR-{rng.randrange(10000):04d}.md"
+        body = _text(rng, pool, result_bytes)
+        inputs = {
+            "Read": {"file_path": f"{WORKSPACE}/{doc}"},
+            "Bash": {"command": f"grep -rn HW-DR {WORKSPACE}/docs | head -200", "description": "search"},
+            "Grep": {"pattern": "HW-DR-[0-9]{4}", "path": f"{WORKSPACE}/docs", "output_mode": "content"},
+            "Write": {"file_path": f"{WORKSPACE}/notes/n{i}.md", "content": body[: result_bytes // 4]},
+            "Edit": {"file_path": f"{WORKSPACE}/notes/n{i}.md", "old_string": body[:200], "new_string": body[200:400]},
+            "Task": {"subagent_type": "Explore", "description": "look", "prompt": body[:500]},
+        }[kind]
+        name = "Read" if kind == "Task" else kind  # a subagent's call: a Read under the Task
+        content: object = body if kind != "Grep" else [{"type": "text", "text": body}]
+        structured = {"type": "text", "file": {"filePath": inputs.get("file_path", ""), "content": body,
+                                               "numLines": body.count("\n"), "startLine": 1}} if kind == "Read" else None
+        lines.append(_dump({"type": "assistant", "message": {
+            "id": f"msg_{i}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929",
+            "content": [{"type": "text", "text": "Reading the next document."},
+                        {"type": "tool_use", "id": tid, "name": name, "input": inputs}],
+            "stop_reason": "tool_use", "usage": usage}, "parent_tool_use_id": parent, **common}))
+        user = {"type": "user", "message": {"role": "user", "content": [
+            {"tool_use_id": tid, "type": "tool_result", "content": content, "is_error": False}]},
+            "parent_tool_use_id": parent, **common, "timestamp": "2026-12-02T11:33:34.993Z"}
+        if structured:
+            user["tool_use_result"] = structured
+        lines.append(_dump(user))
+        if i % 25 == 0:
+            lines.append(_dump({"type": "rate_limit_event", "rate_limit_info": {"status": "allowed", "resetsAt": 1785352800}, **common}))
+        size += sum(map(len, lines[counted:]))
+        counted = len(lines)
+        i += 1
+    final = "The status is below.\nHW-DR-0052 current."
+    lines.append(_dump({"type": "assistant", "message": {"model": "claude-sonnet-4-5-20250929", "content": [
+        {"type": "text", "text": final}], "usage": usage}, "parent_tool_use_id": None, **common}))
+    lines.append(b'{"type":"result","subtype":"success","is_error":false,"num_turns":%d,"result":%s,'
+                 b'"total_cost_usd":0.30000000000000004,"session_id":"%s"}\n' % (i, json.dumps(final).encode(), sid.encode()))
+    return b"".join(lines)
+
+
+def generate(directory: Path, total: int, result_bytes: int, seed: int = 7) -> list[Path]:
+    rng = random.Random(seed)
+    pool = _pool(rng)
+    files, written = [], 0
+    while written < total:
+        sid = str(uuid.UUID(int=rng.getrandbits(128)))
+        data = _session(rng, pool, min(SESSION_BYTES, max(total - written, 1)), result_bytes, sid)
+        path = directory / f"{len(files):05d}.jsonl"
+        path.write_bytes(data)
+        files.append(path)
+        written += len(data)
+    return files
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def floor(files: list[Path]) -> int:
+    import orjson
+
+    n = 0
+    for path in files:
+        with open(path, "rb") as f:
+            for line in f:
+                orjson.loads(line)
+                n += 1
+    return n
+
+
+def stdlib(files: list[Path]) -> int:
+    n = 0
+    for path in files:
+        with open(path, "rb") as f:
+            for line in f:
+                json.loads(line)
+                n += 1
+    return n
+
+
+def full_transform(files: list[Path]) -> dict:
+    """Per session what intake_job.transform_session does, then one transcript over all events;
+    the CPU time of the transcript (render and intake's confirmation) is returned apart."""
+    from runner import intake, stream
+    from runner.testing.fuzz_targets import LOCK, identity
+    from runner.transcript import render
+    from runner.transform import SessionFacts, result_needed, transform
+
+    manifest = {f"docs/decisions/HW-DR-{k:04d}.md": LOCK for k in range(10000)}
+    note = b"A note that cites HW-DR-0052 and HW-DR-0041.\n"
+    ident = re.compile(r"HW-[A-Z]+-[0-9]{4}")
+    events = []
+    for k, path in enumerate(files):
+        facts = SessionFacts(probe="HW-PRB-0007", session=f"present-{k % 999 + 1:03d}", workspace=WORKSPACE,
+                             config_dir=CONFIG, manifest=manifest, final_file=lambda rel: note)
+        with open(path, "rb") as f:
+            parsed = stream.parse(f, result_needed(facts))
+        out = transform(parsed, facts, ["current HW-DR-0052", "superseded HW-DR-0052"], ident)
+        if out.event is None:
+            raise SystemExit(f"{path}: refused: {out.refusals}")
+        events.append(out.event)
+    t = _cpu()
+    text = render({"title": "bench"}, "bench", ["prose"], identity(), events)
+    result = intake.confirm(text, LOCK, {"HW-PRB-0007"})
+    if result.refusal or len(result.events) != len(files):
+        raise SystemExit(f"intake refused the bench transcript: {result.refusal}")
+    return {"sessions": len(events), "calls": sum(len(e["calls"]) for e in events), "transcript_cpu": _cpu() - t}
+
+
+def child(kind: str, files: list[Path]) -> dict:
+    """Run one measurement in a fresh interpreter: its CPU time and its own peak RSS."""
+    code = ("import sys, json, resource, importlib.util;"
+            "spec = importlib.util.spec_from_file_location('bench_transform', %r);"
+            "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b);"
+            "from pathlib import Path; files = [Path(p) for p in json.load(sys.stdin)];"
+            "import runner.stream, runner.transform, runner.intake, runner.transcript, runner.testing.fuzz_targets, orjson;"
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; t = b._cpu(); n = getattr(b, %r)(files); t = b._cpu() - t;"
+            "print(json.dumps({'cpu': t, 'items': n, 'base_rss_kb': base, 'peak_rss_kb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))"
+            % (str(Path(__file__).resolve()), kind))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps([str(p) for p in files]), text=True,
+                          capture_output=True, env=env, check=True)
+    return json.loads(proc.stdout)
+
+
+def jq(files: list[Path]) -> float | None:
+    if not shutil.which("jq"):
+        return None
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(["jq", "-c", ".type", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=_size, default=1 << 30, help="corpus size (default 1GiB)")
+    ap.add_argument("--result-kb", type=int, default=20, help="tool result size in KB (default 20)")
+    ap.add_argument("--dir", type=Path, default=None, help="where to write the corpus (default: a temp dir, removed)")
+    args = ap.parse_args()
+
+    own = args.dir is None
+    directory = Path(tempfile.mkdtemp(prefix="bench-transform-")) if own else args.dir
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        t = time.monotonic()
+        files = generate(directory, args.size, args.result_kb * 1024)
+        total = sum(p.stat().st_size for p in files)
+        largest = max(len(line) for p in files for line in open(p, "rb"))
+        print(f"corpus: {total / 1e6:.0f} MB in {len(files)} sessions, largest line {largest / 1e3:.0f} kB, "
+              f"generated in {time.monotonic() - t:.0f} s in {directory}")
+        for p in files:  # one read so every measurement starts from the page cache
+            p.read_bytes()
+        rates = {}
+        for kind in ("floor", "stdlib", "full_transform"):
+            r = child(kind, files)
+            rates[kind] = total / r["cpu"] / 1e6
+            if kind == "full_transform":
+                transform_rss, work = r, r["items"]
+                rates["events"] = total / (r["cpu"] - work["transcript_cpu"]) / 1e6
+        cpu = jq(files)
+        if cpu:
+            rates["jq"] = total / cpu / 1e6
+        one = child("full_transform", files[:1])
+        long_session = directory / "long.jsonl"  # one session as long as a quarter of the corpus
+        rng = random.Random(1)
+        long_session.write_bytes(_session(rng, _pool(rng), max(args.size // 4, SESSION_BYTES), args.result_kb * 1024, str(uuid.UUID(int=1))))
+        long = child("full_transform", [long_session])
+        names = {"floor": "floor (orjson, split + parse)", "stdlib": "json (standard library)", "jq": "jq -c .type",
+                 "events": "transform: stream -> events", "full_transform": "full transform, transcript included"}
+        for kind in ("floor", "stdlib", "jq", "events", "full_transform"):
+            if kind in rates:
+                print(f"{names[kind]:36s} {rates[kind]:7.0f} MB/s per core   {rates[kind] / rates['floor']:.2f}x floor")
+        print(f"transcript (render + intake confirm) of {work['sessions']} events with {work['calls']} calls: "
+              f"{work['transcript_cpu']:.1f} s CPU, {work['transcript_cpu'] / work['calls'] * 1e6:.0f} us per call")
+        print(f"peak RSS of the transform: {transform_rss['peak_rss_kb'] / 1024:.0f} MiB over the whole corpus, "
+              f"{one['peak_rss_kb'] / 1024:.0f} MiB over one session of {files[0].stat().st_size / 1e6:.0f} MB, "
+              f"{long['peak_rss_kb'] / 1024:.0f} MiB over one session of {long_session.stat().st_size / 1e6:.0f} MB "
+              f"(interpreter with imports: {one['base_rss_kb'] / 1024:.0f} MiB); largest line {largest / 1e6:.2f} MB")
+    finally:
+        if own:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
