@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner import harness
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
 from runner.executors.elf import elf_loader
@@ -173,19 +174,7 @@ def sandbox_fds(loader: str, program: bytes) -> Iterator[tuple[int, int]]:
 
 def harness_argv(plan: Plan, settings: Settings) -> list[str]:
     """DESIGN.md's harness flags; the prompt goes in on stdin, so no task text is an argument."""
-    h = settings.harness
-    argv = [
-        HARNESS_PATH, "-p",
-        "--output-format", "stream-json", "--verbose",
-        "--setting-sources", "project,local",
-        "--permission-mode", "dontAsk",
-        "--model", plan.model,
-        "--allowedTools", *h.allowed_tools,
-        "--disallowedTools", *h.disallowed_tools,
-    ]
-    if h.max_turns:
-        argv += ["--max-turns", str(h.max_turns)]
-    return argv
+    return [HARNESS_PATH, *harness.flags(plan, settings)]
 
 
 def harness_env(settings: Settings, config_dir: str, log_dir: str) -> dict[str, str]:

@@ -134,8 +134,8 @@ class KubernetesExecutor:
                                  "the CLI did not run")
         record = self._reader_record(name)
         if record is None:
-            detail = self._salvage(name, spool, store, keys)
-            raise SessionInterrupted("the capture reader never recorded the end of the stream", detail)
+            reason = f"the capture reader recorded no end of the stream within {_RECORD_WAIT_SECONDS:g} s of the harness's end"
+            raise SessionInterrupted(reason, {"reason": reason, **self._salvage(name, spool, store, keys)})
         self._fetch(name, spool, 0, record["bytes"])
         stream = _upload_verified(spool, store, keys.stream, record)
         ended_at = now()

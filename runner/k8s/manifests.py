@@ -21,6 +21,7 @@ Layout, and why each part is there:
 
 from __future__ import annotations
 
+from runner import harness
 from runner.k8s import names
 from runner.plan import Plan
 from runner.settings import Settings
@@ -67,19 +68,7 @@ def _env(pairs: dict[str, str]) -> list[dict]:
 
 def harness_args(plan: Plan, settings: Settings) -> list[str]:
     """DESIGN.md's harness flags (the task goes in on stdin, never as an argument)."""
-    h = settings.harness
-    argv = [
-        HARNESS_EXECUTABLE, "-p",
-        "--output-format", "stream-json", "--verbose",
-        "--setting-sources", "project,local",
-        "--permission-mode", "dontAsk",
-        "--model", plan.model,
-        "--allowedTools", *h.allowed_tools,
-        "--disallowedTools", *h.disallowed_tools,
-    ]
-    if h.max_turns:
-        argv += ["--max-turns", str(h.max_turns)]
-    return argv
+    return [HARNESS_EXECUTABLE, *harness.flags(plan, settings)]
 
 
 def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict]:

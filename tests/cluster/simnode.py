@@ -289,10 +289,10 @@ class SimNode:
                 shutil.copyfile(p.root / f, logs / f)
         shutil.rmtree(p.root, ignore_errors=True)
 
-    def logs(self) -> str:
-        """The reader and harness logs of every pod that went, for failure messages."""
+    def logs(self, pod: str = "*") -> str:
+        """The reader and harness logs of every pod that went (or of ``pod``), for failure messages."""
         out = []
-        for f in sorted((self.root / "logs").glob("*/*.log")):
+        for f in sorted((self.root / "logs").glob(f"{pod}/*.log")):
             text = f.read_text(errors="replace").strip()
             if text:
                 out.append(f"== {f.parent.name}/{f.name}\n{text[-2000:]}")

@@ -210,7 +210,10 @@ def test_two_hundred_sessions_over_twenty_nodes(kube_cluster, nodes, namespace, 
         assert len(sim.created) == 200 and all(len(u) == 1 for u in sim.created.values())
     print(f"200 sessions in {took:.1f} s, at most {sim.max_running} harnesses at once")
     states = Ledger(store, plan.campaign).sessions()
-    assert len(report.ran) == 200 and {s.status for s in states.values()} == {"succeeded"}
+    assert len(report.ran) == 200
+    assert {s.status for s in states.values()} == {"succeeded"}, \
+        [(k, s.status, s.detail, sim.logs(names.object_name(plan.campaign, *k.split("/"), s.attempt)))
+         for k, s in states.items() if s.status != "succeeded"]
     assert not Ledger(store, plan.campaign).verify()
     _wait_no_pods(kube_cluster, namespace, timeout=120)
 

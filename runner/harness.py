@@ -1,0 +1,25 @@
+"""The harness command line DESIGN.md fixes, shared by both executors so that every arm of
+every executor runs the CLI with the same flags (only the executable's path differs)."""
+
+from __future__ import annotations
+
+from runner.plan import Plan
+from runner.settings import Settings
+
+
+def flags(plan: Plan, settings: Settings) -> list[str]:
+    """Everything after the executable. The task goes in on stdin, never as an argument, so
+    no task text appears in a process list or in a pod's spec.args."""
+    h = settings.harness
+    argv = [
+        "-p",
+        "--output-format", "stream-json", "--verbose",
+        "--setting-sources", "project,local",
+        "--permission-mode", "dontAsk",
+        "--model", plan.model,
+        "--allowedTools", *h.allowed_tools,
+        "--disallowedTools", *h.disallowed_tools,
+    ]
+    if h.max_turns:
+        argv += ["--max-turns", str(h.max_turns)]
+    return argv
