@@ -28,7 +28,6 @@ from urllib.parse import urlsplit
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from runner import layout
 from runner.demo import CORPUS, PLAN, SCENARIOS
@@ -47,21 +46,6 @@ TURNS = 3  # main-loop requests of one whole session of the status-of-0052 scena
 def cli(*args, env, timeout=180):
     return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture

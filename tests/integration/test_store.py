@@ -3,13 +3,11 @@ S3 through moto's server mode over real HTTP (the real boto3 code path)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto.server import ThreadedMotoServer
 
 from runner.ledger import Ledger, LedgerError
 from runner.settings import S3Settings
@@ -18,21 +16,6 @@ from runner.store.file import FileStore
 from runner.store.s3 import S3Store, is_transient
 
 MIB = 1024 * 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(params=["file", "s3"])
