@@ -75,8 +75,8 @@ def store_corpus(store: Store, campaign: str, corpus: Path) -> str:
 
 def corpus_fingerprint_of_archive(data: bytes) -> str:
     with tempfile.TemporaryDirectory() as d:
-        _unpack(data, Path(d))
-        return corpus_fingerprint(Path(d))
+        _unpack(data, Path(d) / "corpus")  # _unpack makes its directory: a fresh one inside the temp dir
+        return corpus_fingerprint(Path(d) / "corpus")
 
 
 def fetch_corpus(store: Store, campaign: str, dest: Path) -> Path:

@@ -1,0 +1,322 @@
+"""The Helm chart on the real control plane of ``kube_cluster``: its objects are applied to a
+namespace that enforces the ``restricted`` Pod Security Standard, a campaign is submitted with
+the real CLI (plan and corpus to an S3 bucket served by moto on loopback, the controller Job
+created), then run by the controller under the identity of the chart's ServiceAccount (a token
+from the TokenRequest API), with SimNode playing the node for session pods. The Role is shown
+sufficient (the campaign completes) and least (the controller used every verb it grants and no
+other; a verb it does not grant is denied), and the user's status, logs and pull work on the
+result, pull refusing a transcript changed in the bucket.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import pty
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import ws_client
+from kubernetes.stream.stream import _websocket_request
+from moto.server import ThreadedMotoServer
+
+import runner.k8s.api as k8s_api
+from runner import cli, demo
+from runner.k8s import jobs, names
+from runner.ledger import Ledger
+from runner.settings import Settings
+from runner.store import open_store
+
+sys.path.insert(0, str(Path(__file__).parent))
+from simnode import SimNode  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+REAL_STREAM = REPO / "tests" / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
+BUCKET_ENV = {"AWS_ACCESS_KEY_ID": "probe-runner-test", "AWS_SECRET_ACCESS_KEY": "probe-runner-test"}
+
+
+def _chart_module():
+    """render() and helm_binary() of tests/integration/test_chart.py (one helm locator)."""
+    spec = importlib.util.spec_from_file_location("chart_render", REPO / "tests" / "integration" / "test_chart.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+chart = _chart_module()
+
+
+class SessionNode(SimNode):
+    """SimNode for session pods only: the chart's proxy pods and the controller Job's pod are
+    left to KWOK, which schedules them and reports them running."""
+
+    def _on(self, event):
+        if (event[1]["metadata"].get("labels") or {}).get(names.COMPONENT) == names.SESSION_COMPONENT:
+            super()._on(event)
+
+
+class RecordingClient(client.ApiClient):
+    """An ApiClient that notes (resource, verb) of every request it sends. Exec goes around
+    call_api (the stream helper swaps it for a websocket call): see ``recording_stream``."""
+
+    def __init__(self, configuration, seen: set):
+        super().__init__(configuration)
+        self.seen = seen
+
+    def call_api(self, method, url, *args, **kwargs):
+        self.seen.add(_resource_verb(method, url))
+        return super().call_api(method, url, *args, **kwargs)
+
+
+def recording_stream(seen: set):
+    """kubernetes.stream.stream, noting the exec requests it opens: a websocket upgrade is a
+    GET that the API server authorises as both get and create of pods/exec."""
+    def websocket_call(configuration, method, url, **kwargs):
+        seen.update({_resource_verb(method, url), ("pods/exec", "create")})
+        return ws_client.websocket_call(configuration, method, url, **kwargs)
+    return functools.partial(_websocket_request, websocket_call, None)
+
+
+def _resource_verb(method: str, url: str) -> tuple[str, str]:
+    """(resource[/subresource], RBAC verb) of a namespaced request."""
+    parts = urlsplit(url)
+    rest = parts.path.split("/namespaces/", 1)[1].split("/")[1:]  # [resource, name?, subresource?]
+    resource = "/".join(rest[0:1] + rest[2:3])
+    if len(rest) == 1:
+        watch = parse_qs(parts.query).get("watch", ["false"])[0].lower() == "true"
+        return resource, {"POST": "create", "GET": "watch" if watch else "list"}[method]
+    return resource, {"GET": "get", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}[method]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def bucket():
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **{
+        "aws_access_key_id": BUCKET_ENV["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": BUCKET_ENV["AWS_SECRET_ACCESS_KEY"]})
+    s3.create_bucket(Bucket="probes")
+    yield endpoint, s3
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def install(kube_cluster, bucket):
+    """The rendered chart applied to a fresh namespace; returns (namespace, release, objects)."""
+    uid = secrets.token_hex(3)
+    namespace, release = f"chart-{uid}", f"pr-{uid}"
+    endpoint, _ = bucket
+    objs = chart.render(release=release, namespace=namespace, sets=(
+        "provider.credentialsSecret=provider", "bucket.store=s3://probes/campaigns", f"bucket.endpoint={endpoint}",
+        "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "egressProxy.replicas=1"))
+    kube_cluster.add_nodes(3, prefix=f"chart-{uid}")
+    kube_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
+    deadline = time.monotonic() + 30  # pods are admitted once the namespace's default ServiceAccount exists
+    while kube_cluster.kubectl("-n", namespace, "get", "serviceaccount", "default", check=False).returncode:
+        assert time.monotonic() < deadline, f"namespace {namespace}: no default ServiceAccount"
+        time.sleep(0.2)
+    kube_cluster.apply([
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": namespace},
+         "stringData": {"api-key": "demo-key"}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bucket", "namespace": namespace},
+         "stringData": BUCKET_ENV},
+    ])
+    kube_cluster.apply(objs)
+    kube_cluster.kubectl("-n", namespace, "rollout", "status", f"deployment/{release}-egress-proxy", "--timeout=60s",
+                         timeout=70)
+    yield namespace, release, objs
+    client.CoreV1Api(kube_cluster.api_client()).delete_namespace(namespace, propagation_policy="Background")
+
+
+@pytest.fixture(scope="module")
+def controller_identity(kube_cluster, install):
+    """A client configuration that authenticates as the chart's controller ServiceAccount, with
+    a token from the TokenRequest API (what the Job's pod gets mounted)."""
+    namespace, release, _ = install
+    token = kube_cluster.kubectl("-n", namespace, "create", "token", jobs.controller_service_account(release),
+                                 "--duration=1h").stdout.strip()
+    admin = kube_cluster.api_client().configuration
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert, cfg.verify_ssl = admin.host, admin.ssl_ca_cert, admin.verify_ssl
+    cfg.api_key = {"authorization": f"Bearer {token}"}
+    return cfg
+
+
+@pytest.fixture
+def sim_root():
+    d = Path(tempfile.mkdtemp(prefix="simnode-", dir="/tmp"))
+    d.chmod(0o755)
+    (d / "shared").mkdir(mode=0o755)
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def _user_env(kube_cluster, install, bucket, tmp_path) -> dict[str, str]:
+    """A user's workstation, set up as the chart's NOTES say."""
+    namespace, release, _ = install
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes/campaigns", "RUNNER_S3__ENDPOINT_URL": bucket[0],
+            "RUNNER_S3__REGION": "us-east-1", "RUNNER_KUBE__NAMESPACE": namespace, "RUNNER_KUBE__INSTANCE": release,
+            "RUNNER_KUBE__STORE_SECRET": "bucket", "RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig),
+            "RUNNER_LOCAL__WORKDIR": str(tmp_path / "user")}
+
+
+def _cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluster, install, bucket, controller_identity,
+                                                                    sim_root, tmp_path, monkeypatch):
+    namespace, release, objs = install
+    endpoint, s3 = bucket
+    user = _user_env(kube_cluster, install, bucket, tmp_path)
+    campaign = f"chart-{secrets.token_hex(3)}"
+    plan = json.loads(demo.PLAN.read_text())
+    plan.update(campaign=campaign, repetitions=1)  # 2 probes x 2 arms
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan))
+
+    # ---- the user submits: plan and corpus to the bucket, the controller Job to the cluster
+    first = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
+    assert first.returncode == 0, first.stderr
+    assert "created" in first.stdout
+    again = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
+    assert again.returncode == 0 and "exists already" in again.stdout, again.stderr + again.stdout
+    job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job(jobs.job_name(campaign), namespace)
+    assert job.spec.template.spec.service_account_name == f"{release}-controller"
+    # The Job controller made its pod, and the restricted Pod Security admission let it in.
+    deadline = time.monotonic() + 30
+    while not client.CoreV1Api(kube_cluster.api_client()).list_namespaced_pod(
+            namespace, label_selector=f"job-name={jobs.job_name(campaign)}").items:
+        assert time.monotonic() < deadline, "the controller Job made no pod"
+        time.sleep(0.3)
+    transform = _cli(user, "transform", campaign, "--job")
+    assert transform.returncode == 0 and "created" in transform.stdout, transform.stderr
+    twice = _cli(user, "transform", campaign, "--job")
+    assert twice.returncode == 2 and "exists already" in twice.stderr and "Traceback" not in twice.stderr
+    job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job(jobs.job_name(campaign, "transform"), namespace)
+    assert job.spec.template.spec.automount_service_account_token is False
+    local = _cli({**user, "RUNNER_STORE": (tmp_path / "s").as_uri()}, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
+    assert local.returncode == 2 and "submit needs an s3:// store" in local.stderr and "Traceback" not in local.stderr
+
+    # ---- the controller Job's work, as its pod would do it: the chart's settings ConfigMap as
+    # the whole RUNNER_* environment, the bucket Secret, the ServiceAccount's token.
+    for k in [k for k in os.environ if k.startswith("RUNNER_")]:
+        monkeypatch.delenv(k)
+    for k, v in {**chart.by_kind(objs, "ConfigMap")[jobs.settings_config_map(release)]["data"], **BUCKET_ENV,
+                 "RUNNER_LOCAL__WORKDIR": str(tmp_path / "controller")}.items():
+        monkeypatch.setenv(k, v)
+    seen: set[tuple[str, str]] = set()
+    monkeypatch.setattr(k8s_api, "load_api_client", lambda settings: RecordingClient(controller_identity, seen))
+    monkeypatch.setattr(k8s_api.Kube, "_clone", staticmethod(lambda api: RecordingClient(controller_identity, seen)))
+    monkeypatch.setattr(k8s_api, "k8s_stream", recording_stream(seen))
+    real = sim_root / "shared" / "real.jsonl"
+    real.write_bytes(REAL_STREAM.read_bytes())
+    real.chmod(0o644)
+    with SessionNode(kube_cluster.api_client(), namespace, sim_root, ["sh", "-c", 'exec cat "$0"', str(real)],
+                     harness_binds=(str(sim_root / "shared"),)) as sim:
+        code = cli.main(["controller", "--campaign", campaign])
+        assert not sim.errors, sim.errors
+    assert code in (0, 12), code  # 12: the replayed stream's sessions may be refused by intake; all ran
+    assert len(sim.created) == 4 and all(len(u) == 1 for u in sim.created.values())
+    proxy_ip = client.CoreV1Api(kube_cluster.api_client()).read_namespaced_service(
+        f"{release}-egress-proxy", namespace).spec.cluster_ip
+    for spec in sim.specs.values():  # sessions reach the proxy by its ClusterIP: they have no DNS
+        env = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
+        assert env["HTTPS_PROXY"] == f"http://{proxy_ip}:3128"
+
+    # Sufficient (the campaign ran) and least: every rule of the Role was used, nothing else was.
+    role = chart.by_kind(objs, "Role")[f"{release}-controller"]
+    granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
+    assert seen == granted
+    store = open_store("s3://probes/campaigns", Settings(store="s3://probes/campaigns",
+                                                         s3={"endpoint_url": endpoint, "region": "us-east-1"}))
+    ledger = Ledger(store, campaign)
+    assert not ledger.verify() and {s.status for s in ledger.sessions().values()} == {"succeeded"}
+
+    # ---- the user reads the result
+    status = _cli(user, "status", campaign, "--json")
+    assert status.returncode == 0, status.stderr
+    st = json.loads(status.stdout)
+    assert st["sessions"] == {"succeeded": 4} and st["final"] == st["total"] == 4
+    per_stream = sum(float(json.loads(line)["total_cost_usd"]) for line in REAL_STREAM.read_text().splitlines()
+                     if '"type":"result"' in line.replace(" ", ""))
+    assert abs(float(st["cost_usd"]) - 4 * per_stream) < 1e-9
+    watched = _cli(user, "status", campaign, "--watch", "--interval", "0.1")
+    assert watched.returncode == 0 and watched.stdout.startswith("[########################] 4/4 final, 0 running")
+    assert "\r" not in watched.stdout  # not a terminal: plain lines
+    master, slave = pty.openpty()  # on a terminal: one line redrawn in place
+    on_tty = subprocess.run([sys.executable, "-m", "runner", "status", campaign, "--watch"], env=user, stdout=slave,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
+    os.close(slave)
+    drawn = os.read(master, 1 << 16).decode()
+    os.close(master)
+    assert on_tty.returncode == 0 and drawn.startswith("\r[########################] 4/4 final") and "\x1b[K" in drawn
+
+    probe = plan["probes"][0]["id"]
+    logs = subprocess.run([sys.executable, "-m", "runner", "logs", campaign, probe, "present-001"], env=user,
+                          capture_output=True, timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == REAL_STREAM.read_bytes()
+    missing = _cli(user, "logs", campaign, probe, "present-009")
+    assert missing.returncode == 2 and "no such session" in missing.stderr
+
+    dest = tmp_path / "pulled"
+    pulled = _cli(user, "pull", campaign, "--dest", str(dest))
+    assert pulled.returncode == 0, pulled.stderr
+    assert (dest / "refusals.json").is_file() and (dest / "SHA256SUMS").is_file()
+    check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=dest, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(": OK") == len(list(dest.iterdir())) - 1, check.stdout
+    # A file changed in the bucket after the transform: pull refuses it and writes nothing.
+    key = f"campaigns/campaigns/{campaign}/transcripts/refusals.json"
+    s3.put_object(Bucket="probes", Key=key, Body=b'{"refusals": []}\n')
+    tampered = _cli(user, "pull", campaign, "--dest", str(tmp_path / "again"))
+    assert tampered.returncode == 1 and "differs from SHA256SUMS" in tampered.stderr, tampered.stderr
+    assert not (tmp_path / "again").exists()
+    assert hashlib.sha256((dest / "refusals.json").read_bytes()).hexdigest() in (dest / "SHA256SUMS").read_text()
+
+
+def test_the_controller_identity_is_denied_what_the_role_does_not_grant(kube_cluster, install, controller_identity):
+    namespace, release, _ = install
+    other = kube_cluster.create_namespace(f"other-{secrets.token_hex(3)}")
+    core = client.CoreV1Api(client.ApiClient(controller_identity))
+    attempts = {
+        "create a Secret": lambda: core.create_namespaced_secret(namespace, {"metadata": {"name": "x"}, "data": {}}),
+        "read the provider Secret": lambda: core.read_namespaced_secret("provider", namespace),
+        "list pods in another namespace": lambda: core.list_namespaced_pod(other),
+        "get one pod (the watch cache serves reads)": lambda: core.read_namespaced_pod("anything", namespace),
+        "read a pod's log": lambda: core.read_namespaced_pod_log("anything", namespace),
+        "read another Service": lambda: core.read_namespaced_service("kubernetes", "default"),
+        "delete the proxy Service": lambda: core.delete_namespaced_service(f"{release}-egress-proxy", namespace),
+        "change a NetworkPolicy": lambda: client.NetworkingV1Api(core.api_client).delete_collection_namespaced_network_policy(namespace),
+        "create a Job": lambda: client.BatchV1Api(core.api_client).create_namespaced_job(namespace, {"metadata": {"name": "x"}}),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises(ApiException) as exc:
+            attempt()
+        assert exc.value.status == 403, f"{what}: {exc.value.status} {exc.value.reason}"
+    # ...while what it needs is allowed (the same client, the same token).
+    assert core.read_namespaced_service(f"{release}-egress-proxy", namespace).spec.cluster_ip
+    client.CoreV1Api(kube_cluster.api_client()).delete_namespace(other, propagation_policy="Background")
