@@ -17,7 +17,6 @@ import json
 import os
 import pty
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,6 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import ws_client
 from kubernetes.stream.stream import _websocket_request
-from moto.server import ThreadedMotoServer
 
 import runner.k8s.api as k8s_api
 from runner import cli, demo
@@ -101,23 +99,14 @@ def _resource_verb(method: str, url: str) -> tuple[str, str]:
     return resource, {"GET": "get", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}[method]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def bucket():
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **{
-        "aws_access_key_id": BUCKET_ENV["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": BUCKET_ENV["AWS_SECRET_ACCESS_KEY"]})
+def bucket(moto_endpoint):
+    """The bucket "probes" on the shared moto server: (endpoint, boto3 client)."""
+    s3 = boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1",
+                      aws_access_key_id=BUCKET_ENV["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=BUCKET_ENV["AWS_SECRET_ACCESS_KEY"])
     s3.create_bucket(Bucket="probes")
-    yield endpoint, s3
-    server.stop()
+    return moto_endpoint, s3
 
 
 @pytest.fixture(scope="module")
