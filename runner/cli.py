@@ -104,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     _store_arg(ctl)
 
     pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals, verifying their digests",
-                          description="Copy transcripts/ of CAMPAIGN into DEST after checking every file against the "
-                                      f"{SUMS} the transform wrote beside them (also copied: `sha256sum -c {SUMS}` "
-                                      "re-checks them later). Nothing is written unless every file verifies.")
+                          description="Copy transcripts/ of CAMPAIGN (the transcripts and refusals.json) into DEST "
+                                      f"after checking every file against the {SUMS} the transform wrote beside them. "
+                                      "Nothing is written unless every file verifies.")
     pull.add_argument("campaign")
     pull.add_argument("--dest", type=Path, required=True)
     _store_arg(pull)
@@ -410,7 +410,6 @@ def cmd_pull(args, settings: Settings) -> int:
             raise StoreError(f"{store.uri}/{prefix}{name}: sha256 {hashlib.sha256(data).hexdigest()} differs from "
                              f"{SUMS}'s {want[name]}; nothing was written")
         fetched[name] = data
-    fetched[SUMS] = sums
     args.dest.mkdir(parents=True, exist_ok=True)
     for name, data in fetched.items():
         target = args.dest / name
