@@ -396,7 +396,10 @@ def cmd_pull(args, settings: Settings) -> int:
         raise UserError(f"campaign {args.campaign!r}: no {SUMS} beside the transcripts in {store.uri}; "
                         f"`probe-runner transform {args.campaign}` writes it")
     sums = store.get(prefix + SUMS)
-    want = {name: hexdigest for hexdigest, name in (line.split("  ", 1) for line in sums.decode().splitlines())}
+    lines = [line.split("  ", 1) for line in sums.decode(errors="replace").splitlines()]
+    if not all(len(x) == 2 and len(x[0]) == 64 for x in lines):
+        raise StoreError(f"{store.uri}/{prefix}{SUMS} is malformed; `probe-runner transform {args.campaign}` rewrites it")
+    want = {name: hexdigest for hexdigest, name in lines}
     have = {k[len(prefix):] for k in keys} - {SUMS}
     if have != set(want):
         extra, missing = sorted(have - set(want)), sorted(set(want) - have)

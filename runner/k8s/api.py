@@ -158,6 +158,9 @@ class Kube:
         except ApiException as e:
             if e.status == 409:
                 return False
+            if e.status in (403, 404):  # the user's identity or namespace: theirs to fix, in one line
+                raise UserError(f"creating Job {manifest['metadata']['name']} in namespace {self.namespace}: "
+                                f"{_api_message(e)}") from None
             raise
 
     def namespace_exists(self) -> bool:
@@ -213,6 +216,13 @@ class Kube:
             said = status.decode(errors="replace")[:300] if isinstance(status, bytes) else str(status)[:300]
             raise ExecError(f"exec {container} in {pod}: no exit status ({said or 'the connection closed'})")
         return ExecResult(bytes(out), bytes(err), code)
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{e.status} {e.reason}"
 
 
 def exit_code(status: bytes | str) -> int | None:
