@@ -184,6 +184,12 @@ class Kube:
                                   stderr=True, tty=False, _preload_content=False, binary=True)
             except ApiException as e:
                 if e.status == 0:
+                    # The websocket library reports the API server's refusal of the upgrade as
+                    # status 0: a 4xx there (403 without the pods/exec verb) is not transient.
+                    m = re.search(r"Handshake status (\d{3})", str(e.reason))
+                    code = int(m.group(1)) if m else 0
+                    if 400 <= code < 500 and code != 429:
+                        raise ApiException(status=code, reason=f"exec {container} in {pod}: {str(e.reason)[-400:]}") from None
                     raise ExecError(f"exec {container} in {pod}: {e.reason}") from None
                 raise
         out, err = bytearray(), bytearray()

@@ -210,7 +210,8 @@ class SimNode:
         argv = [*c["command"], *c.get("args", [])]
         sep = argv.index("--")
         argv = [*argv[:sep + 1], *self.harness, *argv[sep + 2:]]
-        bwrap = [*_as_user(c), "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        # --as-pid-1: the container's first process is its command, as in a pod (no bwrap init).
+        bwrap = [*_as_user(c), "bwrap", "--die-with-parent", "--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts",
                  "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64"):
             h = Path("/") / name

@@ -339,8 +339,9 @@ class CuttingProxy:
 
 def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, nodes, namespace, sim_root, shared,
                                                                tmp_path):
-    """Past the kubelet's default log rotation (10 MiB x 5), through exec transfers of 4 MiB,
-    one of which the network cuts mid-transfer: every byte arrives once, verified."""
+    """Past the kubelet's default log rotation (10 MiB x 5), through exec transfers of 4 MiB
+    (each its own connection), the first of which the network cuts mid-transfer: every byte
+    arrives once, verified."""
     lines = REAL_STREAM.read_bytes().splitlines(keepends=True)
     big = shared / "big.jsonl"
     with open(big, "wb") as f:
@@ -349,7 +350,7 @@ def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, no
     want = "sha256:" + hashlib.sha256(big.read_bytes()).hexdigest()
     server = kube_cluster.server.removeprefix("https://")
     host, port = server.rsplit(":", 1)
-    proxy = CuttingProxy((host, int(port)), cut_after=6 * 1024 * 1024)
+    proxy = CuttingProxy((host, int(port)), cut_after=3 * 1024 * 1024)  # inside the first 4 MiB transfer
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(Path(kube_cluster.kubeconfig).read_text().replace(server, f"127.0.0.1:{proxy.port}"))
     store_uri = (tmp_path / "store").as_uri()
