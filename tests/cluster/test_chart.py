@@ -209,6 +209,10 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert job.spec.template.spec.automount_service_account_token is False
     local = _cli({**user, "RUNNER_STORE": (tmp_path / "s").as_uri()}, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
     assert local.returncode == 2 and "submit needs an s3:// store" in local.stderr and "Traceback" not in local.stderr
+    nowhere = _cli({**user, "RUNNER_KUBE__NAMESPACE": "no-such-namespace"}, "submit", str(plan_file),
+                   "--corpus", str(demo.CORPUS))
+    assert nowhere.returncode == 2 and "Traceback" not in nowhere.stderr
+    assert 'namespace no-such-namespace: namespaces "no-such-namespace" not found' in nowhere.stderr, nowhere.stderr
 
     # ---- the controller Job's work, as its pod would do it: the chart's settings ConfigMap as
     # the whole RUNNER_* environment, the bucket Secret, the ServiceAccount's token.
