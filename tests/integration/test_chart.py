@@ -95,6 +95,15 @@ def values_of(path: Path | None) -> dict:
     return merge(base, yaml.safe_load(path.read_text()))
 
 
+def label_selector_matches(selector: dict, labels: dict) -> bool:
+    """Kubernetes LabelSelector semantics."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    ops = {"In": lambda k, vs: k in labels and labels[k] in vs, "NotIn": lambda k, vs: labels.get(k) not in vs,
+           "Exists": lambda k, vs: k in labels, "DoesNotExist": lambda k, vs: k not in labels}
+    return all(ops[e["operator"]](e["key"], e.get("values") or []) for e in selector.get("matchExpressions") or [])
+
+
 # ---- helm lint, kubernetes schema --------------------------------------------------------------
 
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
@@ -108,7 +117,7 @@ def test_helm_lint(values):
 def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
     objs = render(values)
     kinds = sorted(o["kind"] for o in objs)
-    expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "Role", "RoleBinding",
+    expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "Role", "RoleBinding",
                 "Service", "ServiceAccount", "ServiceAccount"]
     v = values_of(values)
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
@@ -234,12 +243,22 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     selecting = by_kind(objs, "NetworkPolicy")
 
     def selects(policy: dict, labels: dict) -> bool:
-        return policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        return label_selector_matches(policy["spec"]["podSelector"], labels)
 
     assert [n for n, p in selecting.items() if selects(p, pod["metadata"]["labels"])] == [
         names.object_name("team-a", "session", "policy")]
     assert [n for n, p in selecting.items() if selects(p, proxy_labels)] == [
         names.object_name("team-a", "egress-proxy", "policy")]
+    # The Jobs' pods get no ingress, and that policy is no foreign policy to the controller's
+    # preflight: it selects no session pod and allows nothing.
+    from runner.k8s import policy
+
+    jobs_policy = selecting[names.object_name("team-a", "jobs", "policy")]
+    for built in (job, jobs.transform_job(settings, "c1")):
+        assert selects(jobs_policy, built["spec"]["template"]["metadata"]["labels"])
+    assert jobs_policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in jobs_policy["spec"]
+    assert policy.foreign_policies_selecting(list(selecting.values()), pod["metadata"]["labels"],
+                                             policy.own_policy_names(settings)) == []
     assert names.selector("team-a", names.PROXY_COMPONENT).items() <= proxy_labels.items()
 
 
@@ -284,6 +303,7 @@ def test_network_policies_are_the_builders(values):
     objs = render(values)
     s = settings_of(objs)
     chart = {**by_kind(objs, "NetworkPolicy"), **by_kind(objs, "CiliumNetworkPolicy")}
+    del chart[names.object_name("probe-runner", "jobs", "policy")]  # the Jobs' own, see below
     cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
     built = [policy.session_network_policy(s), policy.proxy_network_policy(s, egress_by_cilium=cilium)]
     if cilium:
@@ -301,7 +321,7 @@ def test_policy_names_are_computed_as_names_py_does_for_any_release_name(release
     """The controller tells its own policies from foreign ones by these names."""
     objs = render(release=release)
     assert set(by_kind(objs, "NetworkPolicy")) == {names.object_name(release, c, "policy")
-                                                    for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT)}
+                                                    for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT, "jobs")}
 
 
 # ---- security defaults -------------------------------------------------------------------------
