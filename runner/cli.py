@@ -77,11 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 "$RUNNER_KUBE__NAMESPACE (the install's settings and bucket credentials)")
 
     submit = sub.add_parser("submit", help="upload a plan and its corpus to the bucket and start the campaign in the cluster",
-                            description="Store PLAN and the corpus under the campaign in the bucket (create-only: a campaign "
+                            description="Store PLAN and the corpus under the campaign in the install's bucket (create-only: a campaign "
                                         "name is bound to one plan and corpus for good), then create the campaign's controller "
                                         "Job in $RUNNER_KUBE__NAMESPACE, which runs every session as a pod and then the "
                                         "transform. Submitting the same campaign again changes nothing. Needs the Helm chart "
-                                        "installed as $RUNNER_KUBE__INSTANCE and an s3:// store.")
+                                        "installed as $RUNNER_KUBE__INSTANCE: its settings (bucket, images, resources) are "
+                                        "what the Job runs with and where the plan goes.")
     submit.add_argument("plan", type=Path, help="the plan file (JSON, or YAML by .yaml/.yml)")
     submit.add_argument("--corpus", type=Path, required=True, help="the corpus directory the plan was made over")
     _store_arg(submit)
@@ -247,9 +248,10 @@ def cmd_transform(args, settings: Settings) -> int:
         from runner.k8s import jobs
         from runner.k8s.api import Kube
 
-        job = jobs.transform_job(settings, plan.campaign)
+        kube = Kube(settings.kube)
+        job = jobs.transform_job(_install_settings(kube, settings), plan.campaign)
         where = f"{settings.kube.namespace}/{job['metadata']['name']}"
-        if not Kube(settings.kube).create_job(job):
+        if not kube.create_job(job):
             raise UserError(f"transform job {where} exists already; `kubectl -n {settings.kube.namespace} delete job "
                             f"{job['metadata']['name']}` to run it again")
         print(f"transform job: {where} (created)")
@@ -327,6 +329,14 @@ def cmd_status(args, settings: Settings) -> int:
     return 0
 
 
+def _install_settings(kube, settings: Settings) -> Settings:
+    """The installed chart's settings (its ConfigMap), which the campaign's Jobs run with."""
+    from runner.k8s import jobs
+
+    name = jobs.settings_config_map(settings.kube.instance)
+    return jobs.install_settings(kube.config_map_data(name), settings, f"ConfigMap {settings.kube.namespace}/{name}")
+
+
 def cmd_submit(args, settings: Settings) -> int:
     from runner.campaign import store_corpus, store_plan
     from runner.k8s import jobs
@@ -334,18 +344,23 @@ def cmd_submit(args, settings: Settings) -> int:
     from runner.plan import load_plan
     from runner.store import open_store
 
-    if not settings.store.startswith("s3://"):
-        raise UserError(f"store {settings.store}: the controller Job runs in the cluster and reads the campaign from the "
-                        "bucket; submit needs an s3:// store (--store or RUNNER_STORE)")
     plan = load_plan(args.plan)
     corpus = args.corpus.resolve()
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} is not a directory")
-    store = open_store(settings.store, settings)
+    kube = Kube(settings.kube)
+    install = _install_settings(kube, settings)
+    if args.store and args.store != install.store:
+        raise UserError(f"--store {args.store}: the install {settings.kube.namespace}/{settings.kube.instance} reads "
+                        f"campaigns from {install.store}; submit uploads there")
+    if not install.store.startswith("s3://"):
+        raise UserError(f"store {install.store}: the controller Job runs in the cluster and reads the campaign from the "
+                        "bucket; the install needs an s3:// store (the chart's bucket.store)")
+    store = open_store(install.store, install)
     store_plan(store, plan)
     corpus_digest = store_corpus(store, plan.campaign, corpus)
-    job = jobs.controller_job(settings, plan.campaign)
-    created = Kube(settings.kube).create_job(job)
+    job = jobs.controller_job(install, plan.campaign)
+    created = kube.create_job(job)
     where = f"{settings.kube.namespace}/{job['metadata']['name']}"
     print(f"plan: {store.uri}/{layout.plan_key(plan.campaign)}")
     print(f"corpus: {store.uri}/{layout.corpus_key(plan.campaign)} ({corpus_digest})")

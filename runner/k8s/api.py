@@ -150,6 +150,15 @@ class Kube:
 
     # ---- jobs --------------------------------------------------------------------------------
 
+    def config_map_data(self, name: str) -> dict[str, str]:
+        try:
+            cm = self.call(self.core.read_namespaced_config_map, name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status in (403, 404):
+                raise UserError(f"reading ConfigMap {name} in namespace {self.namespace}: {_api_message(e)}") from None
+            raise
+        return dict(cm.data or {})
+
     def create_job(self, manifest: dict) -> bool:
         """Create; False when a Job of that name exists already (a campaign submitted before)."""
         try:

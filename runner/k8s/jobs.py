@@ -28,6 +28,11 @@ preemption) is not counted against that limit.
 
 from __future__ import annotations
 
+import json
+
+from pydantic import ValidationError
+
+from runner.errors import UserError
 from runner.k8s import names
 from runner.settings import Settings
 
@@ -45,6 +50,27 @@ def controller_service_account(instance: str) -> str:
 
 def settings_config_map(instance: str) -> str:
     return f"{instance}-settings"
+
+
+def install_settings(config_map: dict[str, str], local: Settings, where: str = "the settings ConfigMap") -> Settings:
+    """The settings an install's Jobs run with: the ``RUNNER_*`` entries of its settings
+    ConfigMap (what the Job's environment will hold) laid over ``local``. ``submit`` builds the
+    Job from these, so the chart's values (image, resources, bucket) are what runs, whatever
+    the submitting workstation has set. Lists and objects are JSON, as in the environment."""
+    merged = local.model_dump()
+    for key, value in config_map.items():
+        if not key.startswith("RUNNER_"):
+            continue
+        *path, leaf = key.removeprefix("RUNNER_").lower().split("__")
+        node = merged
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = json.loads(value) if value[:1] in "[{" else value
+    try:
+        return Settings(**merged)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise UserError(f"{where}: {problems}") from None
 
 
 def job_name(campaign: str, action: str = "controller") -> str:

@@ -167,7 +167,7 @@ def _user_env(kube_cluster, install, bucket, tmp_path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
     return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes/campaigns", "RUNNER_S3__ENDPOINT_URL": bucket[0],
             "RUNNER_S3__REGION": "us-east-1", "RUNNER_KUBE__NAMESPACE": namespace, "RUNNER_KUBE__INSTANCE": release,
-            "RUNNER_KUBE__STORE_SECRET": "bucket", "RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig),
+            "RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig),
             "RUNNER_LOCAL__WORKDIR": str(tmp_path / "user")}
 
 
@@ -195,6 +195,8 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert again.returncode == 0 and "exists already" in again.stdout, again.stderr + again.stdout
     job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job(jobs.job_name(campaign), namespace)
     assert job.spec.template.spec.service_account_name == f"{release}-controller"
+    # Built from the install's settings: the bucket Secret the chart names, not the workstation's.
+    assert [e.secret_ref.name for e in job.spec.template.spec.containers[0].env_from if e.secret_ref] == ["bucket"]
     # The Job controller made its pod, and the restricted Pod Security admission let it in.
     deadline = time.monotonic() + 30
     while not client.CoreV1Api(kube_cluster.api_client()).list_namespaced_pod(
@@ -207,12 +209,14 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert twice.returncode == 2 and "exists already" in twice.stderr and "Traceback" not in twice.stderr
     job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job(jobs.job_name(campaign, "transform"), namespace)
     assert job.spec.template.spec.automount_service_account_token is False
-    local = _cli({**user, "RUNNER_STORE": (tmp_path / "s").as_uri()}, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
-    assert local.returncode == 2 and "submit needs an s3:// store" in local.stderr and "Traceback" not in local.stderr
+    # The install's bucket is where the plan goes and what the Job reads, whatever the workstation says.
+    elsewhere = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--store", (tmp_path / "s").as_uri())
+    assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr
+    assert f"the install {namespace}/{release} reads campaigns from s3://probes/campaigns" in elsewhere.stderr
     nowhere = _cli({**user, "RUNNER_KUBE__NAMESPACE": "no-such-namespace"}, "submit", str(plan_file),
                    "--corpus", str(demo.CORPUS))
     assert nowhere.returncode == 2 and "Traceback" not in nowhere.stderr
-    assert 'namespace no-such-namespace: namespaces "no-such-namespace" not found' in nowhere.stderr, nowhere.stderr
+    assert 'ConfigMap' in nowhere.stderr and 'in namespace no-such-namespace: configmaps' in nowhere.stderr, nowhere.stderr
 
     # ---- the controller Job's work, as its pod would do it: the chart's settings ConfigMap as
     # the whole RUNNER_* environment, the bucket Secret, the ServiceAccount's token.

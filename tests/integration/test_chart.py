@@ -215,6 +215,9 @@ def test_the_settings_configmap_is_what_the_values_say(values):
         assert (ours.cpu_request, ours.memory_request) == (theirs["requests"]["cpu"], theirs["requests"]["memory"])
         assert (ours.cpu_limit, ours.memory_limit, ours.ephemeral_storage_limit) == (
             theirs["limits"]["cpu"], theirs["limits"]["memory"], theirs["limits"]["ephemeral-storage"])
+    # submit reads the same ConfigMap to build the Jobs: both readings agree.
+    data = by_kind(objs, "ConfigMap")["team-a-settings"]["data"]
+    assert jobs.install_settings(data, Settings(store="s3://elsewhere/x")) == s
     # The controller reads the proxy Service the chart made, and its Role may read exactly that one.
     from runner.k8s import policy
 
@@ -349,7 +352,7 @@ def test_notes_say_how_to_submit_and_pull_with_this_install():
     notes = proc.stdout.split("NOTES:", 1)[1]
     for line in ("export RUNNER_STORE=s3://probes", "export RUNNER_S3__ENDPOINT_URL=http://minio.storage.svc:9000",
                  "export RUNNER_KUBE__NAMESPACE=probes", "export RUNNER_KUBE__INSTANCE=team-a",
-                 "export RUNNER_KUBE__STORE_SECRET=minio-probes", "probe-runner submit plan.json --corpus",
+                 "ConfigMap team-a-settings", "probe-runner submit plan.json --corpus",
                  "probe-runner status CAMPAIGN --watch", "probe-runner pull CAMPAIGN --dest"):
         assert line in notes, notes
     assert "llm-gateway.internal.example:8443 alone" in notes

@@ -89,3 +89,34 @@ def test_transform_job_is_the_controller_job_without_api_access():
     same = lambda p: {**p, "automountServiceAccountToken": None,  # noqa: E731
                       "containers": [{**p["containers"][0], "name": None, "command": None}]}
     assert same(pod) == same(ctl_pod)
+
+
+def test_install_settings_lay_the_config_map_over_the_local_settings():
+    local = Settings(store="s3://mine/x", concurrency=7, kube={"namespace": "probes", "reader_image": "local:1"})
+    data = {
+        "RUNNER_STORE": "s3://install/campaigns",
+        "RUNNER_KUBE__READER_IMAGE": "registry.example/runner:2.0.0",
+        "RUNNER_KUBE__IMAGE_PULL_SECRETS": '["pull"]',
+        "RUNNER_KUBE__NODE_SELECTOR": '{"pool": "probes"}',
+        "RUNNER_KUBE__SPREAD_MAX_SKEW": "0",
+        "RUNNER_KUBE__CONTROLLER_RESOURCES__CPU_LIMIT": "3",
+        "RUNNER_S3__ENDPOINT_URL": "http://minio:9000",
+        "NOT_OURS": "ignored",
+    }
+    s = jobs.install_settings(data, local)
+    assert s.store == "s3://install/campaigns" and s.s3.endpoint_url == "http://minio:9000"
+    assert s.kube.reader_image == "registry.example/runner:2.0.0" and s.kube.image_pull_secrets == ["pull"]
+    assert s.kube.node_selector == {"pool": "probes"} and s.kube.spread_max_skew is None
+    assert s.kube.controller_resources.cpu_limit == "3" and s.kube.controller_resources.memory_limit == "4Gi"
+    assert s.concurrency == 7 and s.kube.namespace == "probes"  # not in the ConfigMap: the local value
+    job = jobs.controller_job(s, "c")["spec"]["template"]["spec"]
+    assert job["containers"][0]["image"] == "registry.example/runner:2.0.0" and job["imagePullSecrets"] == [{"name": "pull"}]
+
+
+def test_install_settings_name_a_bad_config_map_in_one_line():
+    import pytest
+
+    from runner.errors import UserError
+
+    with pytest.raises(UserError, match=r"^ConfigMap p/x: concurrency: Input should be a valid integer"):
+        jobs.install_settings({"RUNNER_CONCURRENCY": "many"}, Settings(store="s3://b/p"), "ConfigMap p/x")
