@@ -19,11 +19,12 @@ and the install name to submit:
   with whatever the submitting workstation has;
 - ``kube.store_secret``, when set: the bucket credentials.
 
-Exit statuses 1 (sessions left interrupted), 2 (bad input) and 12 (refused or not confinable)
-are outcomes a second run cannot change, so they fail the Job at once; anything else (a crash,
-an OOM kill, a lost node) is retried up to ``BACKOFF_LIMIT`` times, which is safe because a
-restarted controller adopts live pods and never repeats a session. A disruption (eviction,
-preemption) is not counted against that limit.
+Exit statuses 2 (bad input) and 12 (refused or not confinable) are outcomes a second run
+cannot change, so they fail the Job at once. Anything else is retried up to ``BACKOFF_LIMIT``
+times: a crash, an OOM kill, a lost node, and exit 1, which says some sessions never started
+(a pod that could not be scheduled: the next run starts them) or were interrupted (reported
+again, never re-run). A retry is safe because a restarted controller adopts live pods and never
+repeats a session. A disruption (eviction, preemption) is not counted against the limit.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from runner.settings import Settings
 TRANSFORM_COMPONENT = "transform"
 BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
-FINAL_EXIT_CODES = [1, 2, 12]
+FINAL_EXIT_CODES = [2, 12]
 ANNOTATION_CAMPAIGN = f"{names.GROUP}/campaign"
 SCRATCH = "/tmp"
 

@@ -30,7 +30,7 @@ def test_controller_job_complete():
             "ttlSecondsAfterFinished": 604800,
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": "controller", "operator": "In",
-                                                      "values": [1, 2, 12]}},
+                                                      "values": [2, 12]}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]},
             "template": {
