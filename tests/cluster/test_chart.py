@@ -188,15 +188,18 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     plan_file.write_text(json.dumps(plan))
 
     # ---- the user submits: plan and corpus to the bucket, the controller Job to the cluster
-    first = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
+    first = _cli({**user, "RUNNER_KUBE__READER_IMAGE": "workstation/runner:dev"}, "submit", str(plan_file),
+                 "--corpus", str(demo.CORPUS))
     assert first.returncode == 0, first.stderr
     assert "created" in first.stdout
     again = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
     assert again.returncode == 0 and "exists already" in again.stdout, again.stderr + again.stdout
     job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job(jobs.job_name(campaign), namespace)
     assert job.spec.template.spec.service_account_name == f"{release}-controller"
-    # Built from the install's settings: the bucket Secret the chart names, not the workstation's.
-    assert [e.secret_ref.name for e in job.spec.template.spec.containers[0].env_from if e.secret_ref] == ["bucket"]
+    # Built from the install's settings: the chart's image and bucket Secret, not the workstation's.
+    container = job.spec.template.spec.containers[0]
+    assert container.image == chart.values_of(None)["images"]["runner"]
+    assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["bucket"]
     # The Job controller makes the pods of both Jobs (below) under restricted Pod Security.
     transform = _cli(user, "transform", campaign, "--job")
     assert transform.returncode == 0 and "created" in transform.stdout, transform.stderr
