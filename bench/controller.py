@@ -72,7 +72,7 @@ def main() -> int:
     args = ap.parse_args()
 
     bin_dir = run_build()
-    base = Path(tempfile.mkdtemp(prefix="bench-controller-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="bc-", dir="/tmp"))  # short: socket paths below it have 108 bytes
     base.chmod(0o755)
     shared = base / "shared"
     shared.mkdir(mode=0o755)

@@ -1,7 +1,8 @@
 """The baseline of bench/controller.py: the obvious way to run sessions as pods.
 
 For each session, in a pool of CONCURRENCY threads: seal the workspace (as the controller
-does), create the same session pod, deliver the workspace by exec, poll the pod with a GET
+does), create the same session pod, deliver the workspace by exec (again after a refused
+exec), poll the pod with a GET
 every POLL seconds until its harness container has terminated, read the harness container's
 log in one request, store it, delete the pod. No watch, no ledger, no verification: what the
 controller adds is measured against this.
@@ -17,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from runner.k8s import manifests, podstate
-from runner.k8s.api import Kube
+from runner.k8s.api import ExecError, Kube
 from runner.k8s.executor import _workspace_tar
 from runner.k8s.pod import deliver_argv
 from runner.k8s.policy import proxy_service_name, session_proxy_url
@@ -45,7 +46,13 @@ def main(plan_path: str, corpus: str, store_dir: str, concurrency: str) -> int:
         while not podstate.running(kube.api_client.sanitize_for_serialization(
                 kube.core.read_namespaced_pod(name, kube.namespace)), "reader"):
             time.sleep(POLL)
-        kube.exec(name, "reader", deliver_argv(), stdin=_workspace_tar(sealed.path, settings.kube.harness_uid))
+        tar = _workspace_tar(sealed.path, settings.kube.harness_uid)
+        while True:  # a new pod's exec can be refused for a moment: try again, as anyone would
+            try:
+                kube.exec(name, "reader", deliver_argv(), stdin=tar)
+                break
+            except ExecError:
+                time.sleep(POLL)
         while podstate.terminated(kube.api_client.sanitize_for_serialization(
                 kube.core.read_namespaced_pod(name, kube.namespace)), "harness") is None:
             time.sleep(POLL)

@@ -74,8 +74,14 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
     path = socket_dir / SOCKET_NAME
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    os.chmod(path, 0o666)  # the harness runs under another uid; the path is removed on accept
+    # The harness runs under another uid and may connect the moment the path exists, so the
+    # socket is made with mode 0666 at bind (a chmod after bind leaves a window in which its
+    # connect fails with EACCES); the path is removed on accept.
+    umask = os.umask(0o111)
+    try:
+        server.bind(str(path))
+    finally:
+        os.umask(umask)
     server.listen(1)
     refused: list[int] = []
     while True:

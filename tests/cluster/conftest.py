@@ -497,6 +497,7 @@ def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
     """Start a kwokctl cluster from the built binaries, in ``base``; delete it on exit.
     A plain context manager, so bench/ starts the same control plane as the tests."""
     _reap_orphans()
+    base.mkdir(parents=True, exist_ok=True)
     name = f"pr-{os.getpid()}-{secrets.token_hex(3)}"
     workdir = base / "work"
     kubeconfig = base / "kubeconfig"

@@ -47,6 +47,7 @@ class _Pod:
     procs: list[subprocess.Popen] = field(default_factory=list)
     harness_started: float | None = None
     harness_ended: float | None = None
+    ended: dict[str, dict] = field(default_factory=dict)  # container -> its terminated state
 
 
 class SimNode:
@@ -192,10 +193,21 @@ class SimNode:
                 "workDir": str(p.root), "envs": [{"name": k, "value": v} for k, v in exec_env.items()]}}]},
         })
         # The product's reader: the reader container's command, under the container's uid.
-        p.procs.append(subprocess.Popen(
+        reader_proc = subprocess.Popen(
             [*_as_user(reader), *reader["command"]], env={**exec_env, "PYTHONPATH": str(self.image)},
-            cwd=p.root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(p.root / "reader.log", "wb")))
+            cwd=p.root, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(p.root / "reader.log", "wb"))
+        p.procs.append(reader_proc)
+        threading.Thread(target=self._watch_reader, args=(p, pod, reader_proc), daemon=True).start()
         threading.Thread(target=self._run_harness, args=(p, pod, containers["harness"], mounts["harness"]), daemon=True).start()
+
+    def _watch_reader(self, p: _Pod, pod: dict, proc: subprocess.Popen) -> None:
+        """The reader never ends by itself; if it dies, report it as a kubelet would."""
+        code = proc.wait()
+        if code >= 0:  # not killed because the pod went away
+            try:
+                self._report_terminated(p, pod, "reader", code)
+            except Exception as e:
+                self.errors.append(f"{p.name}: status: {type(e).__name__}: {e}")
 
     def _run_harness(self, p: _Pod, pod: dict, c: dict, mounts: dict[str, Path]) -> None:
         env = {e["name"]: e["value"] for e in c.get("env") or [] if "value" in e}
@@ -250,22 +262,22 @@ class SimNode:
         if code < 0:  # killed because the pod went away: a kubelet reports nothing more
             return
         try:
-            self._report_terminated(p, pod, code)
+            self._report_terminated(p, pod, "harness", code)
         except Exception as e:
             self.errors.append(f"{p.name}: status: {type(e).__name__}: {e}")
 
-    def _report_terminated(self, p: _Pod, pod: dict, code: int) -> None:
+    def _report_terminated(self, p: _Pod, pod: dict, container: str, code: int) -> None:
         now = _now()
+        with self._lock:
+            p.ended[container] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                                 "startedAt": now, "finishedAt": now}}
+            ended = dict(p.ended)
         statuses = []
         for c in pod["spec"]["containers"]:
-            st = {"name": c["name"], "image": c["image"], "imageID": "", "ready": c["name"] == "reader",
-                  "restartCount": 0, "started": c["name"] == "reader"}
-            if c["name"] == "harness":
-                st["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                              "startedAt": now, "finishedAt": now}}
-            else:
-                st["state"] = {"running": {"startedAt": now}}
-            statuses.append(st)
+            running = c["name"] not in ended
+            statuses.append({"name": c["name"], "image": c["image"], "imageID": "", "ready": running,
+                             "restartCount": 0, "started": running,
+                             "state": ended.get(c["name"], {"running": {"startedAt": now}})})
         self.core.patch_namespaced_pod_status(p.name, self.namespace, {"status": {"containerStatuses": statuses}})
 
     def _kill(self, p: _Pod) -> None:
