@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from runner import digest, layout
@@ -79,39 +79,51 @@ class Ledger:
         return f"{self.prefix}{seq:010d}.json"
 
     def reload(self) -> None:
-        self.entries = [json.loads(self.store.get(k)) for k in self.store.list(self.prefix) if k.endswith(".json")]
+        self.entries = []
+        # Kept as entries are applied, so an append costs the same in a campaign of ten
+        # sessions as in one of ten thousand (no rescan of the chain per append).
+        self._states: dict[str, SessionState] = {}
+        self._first: dict[tuple, dict] = {}  # (type, session, attempt) -> the first such entry
+        for k in self.store.list(self.prefix):
+            if k.endswith(".json"):
+                self._apply(json.loads(self.store.get(k)))
+
+    def _apply(self, e: dict) -> None:
+        self.entries.append(e)
+        if e["type"] != "note":
+            self._first.setdefault((e["type"], e.get("session"), e.get("attempt")), e)
+        if "session" not in e:
+            return
+        s = self._states.setdefault(e["session"], SessionState(e["session"]))
+        kind = e["type"]
+        if kind == "intent":
+            s.attempt, s.declaration, s.started, s.outcome, s.closed, s.detail = e["attempt"], e["declaration"], False, None, None, {}
+        elif kind == "start":
+            s.started = True
+        elif kind == "outcome":
+            s.outcome, s.detail = e["status"], e.get("detail", {})
+        elif kind == "close":
+            s.closed = e["status"]
 
     # -- state ---------------------------------------------------------------------------
     def sessions(self) -> dict[str, SessionState]:
-        states: dict[str, SessionState] = {}
-        for e in self.entries:
-            if "session" not in e:
-                continue
-            s = states.setdefault(e["session"], SessionState(e["session"]))
-            kind = e["type"]
-            if kind == "intent":
-                s.attempt, s.declaration, s.started, s.outcome, s.closed, s.detail = e["attempt"], e["declaration"], False, None, None, {}
-            elif kind == "start":
-                s.started = True
-            elif kind == "outcome":
-                s.outcome, s.detail = e["status"], e.get("detail", {})
-            elif kind == "close":
-                s.closed = e["status"]
-        return states
+        """Every session's state, as copies (they do not change under the caller)."""
+        return {k: replace(s) for k, s in self._states.items()}
 
     def state(self, session: str) -> SessionState:
-        return self.sessions().get(session, SessionState(session))
+        s = self._states.get(session)
+        return replace(s) if s is not None else SessionState(session)
 
     # -- appends -------------------------------------------------------------------------
     def _check(self, entry: dict) -> dict | None:
         """The existing identical entry (an exact retry), or None; raises on a bad transition."""
         body = {k: v for k, v in entry.items() if k not in ("at",)}
-        for e in self.entries:
-            if e["type"] == entry["type"] and e.get("session") == entry.get("session") and e.get("attempt") == entry.get("attempt") and e["type"] != "note":
-                old = {k: v for k, v in e.items() if k not in ("at", "seq", "prev", "hash")}
-                if old == body:
-                    return e
-                raise LedgerError(f"ledger: a different {entry['type']} entry for {entry.get('session')} attempt {entry.get('attempt')} exists already")
+        e = self._first.get((entry["type"], entry.get("session"), entry.get("attempt"))) if entry["type"] != "note" else None
+        if e is not None:
+            old = {k: v for k, v in e.items() if k not in ("at", "seq", "prev", "hash")}
+            if old == body:
+                return e
+            raise LedgerError(f"ledger: a different {entry['type']} entry for {entry.get('session')} attempt {entry.get('attempt')} exists already")
         if "session" not in entry:
             return None
         s = self.state(entry["session"])
@@ -140,7 +152,7 @@ class Ledger:
                 except AlreadyExists:
                     self.reload()  # another writer appended first: re-check against its entries
                     continue
-                self.entries.append(full)
+                self._apply(full)
                 return full
 
     def intent(self, session: str, attempt: int, declaration: dict) -> dict:
