@@ -36,7 +36,7 @@ def _store_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="probe-runner", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="probe-runner", description=__doc__.split("\n\n")[0].replace("``", ""),
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"probe-runner {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
