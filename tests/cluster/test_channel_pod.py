@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -18,32 +17,21 @@ from runner.campaign import run_sessions
 from runner.k8s.api import Kube
 from runner.k8s.executor import KubernetesExecutor
 from runner.ledger import Ledger
-from runner.plan import parse_plan
 from runner.store import open_store
 from runner.testing.provider import ScriptedProvider
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
 from simnode import SimNode  # noqa: E402
-from test_channel import ATTACK, MARKER, PROBE, REPORT_LINE, ROUTES, SCENARIOS  # noqa: E402
+from test_channel import MARKER, PROBE, REPORT_LINE, ROUTES, SCENARIOS, channel_corpus, channel_plan  # noqa: E402
 from test_kubernetes_executor import _env, _settings, _uid, _wait_no_pods, claude_path, namespace, nodes, sim_root  # noqa: E402,F401
 
 
 def test_no_route_of_the_session_reaches_the_stream_in_a_pod(kube_cluster, nodes, namespace, sim_root, tmp_path,
                                                              claude_path):
-    corpus = tmp_path / "corpus"
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# A\n")
-    (corpus / PROBE["path"]).write_text(f"# {PROBE['title']}\n\n## Task\n\n{PROBE['task']}\n")
-    (corpus / "tools").mkdir()
-    shutil.copyfile(ATTACK, corpus / "tools/attack.py")
+    corpus = channel_corpus(tmp_path / "corpus")
     campaign = f"channel-{_uid()}"
-    plan = parse_plan({
-        "campaign": campaign, "tier": "regression", "model": "claude-sonnet-4-5",
-        "identity": {k: "sha256:" + "5" * 64 for k in ("lock", "tree", "selection", "read_set")}
-        | {"seed": 1, "harness": "headwater 0.9.1"},
-        "arms": ["present"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": [PROBE],
-    })
+    plan = channel_plan(campaign)
     store_uri = (tmp_path / "store").as_uri()
     with ScriptedProvider(SCENARIOS) as provider, \
             SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]) as sim:

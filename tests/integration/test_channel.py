@@ -45,21 +45,30 @@ SCENARIOS = {"scenarios": [{"name": "channel", "match": "TASK-CHANNEL", "turns":
 REPORT_LINE = re.compile(r"^(?P<route>[a-z0-9-]+) (?P<pid>\d+) (?P<comm>\S*): (?P<outcome>.*)$")
 
 
-@pytest.fixture(scope="module")
-def session(tmp_path_factory, claude_command):
-    root = tmp_path_factory.mktemp("channel")
-    corpus = root / "corpus"
+def channel_corpus(corpus: Path) -> Path:
+    """A corpus with the channel probe and the attack script at tools/attack.py."""
     (corpus / "docs/probes").mkdir(parents=True)
     (corpus / "docs/a.md").write_text("# A\n")
     (corpus / PROBE["path"]).write_text(f"# {PROBE['title']}\n\n## Task\n\n{PROBE['task']}\n")
     (corpus / "tools").mkdir()
     shutil.copyfile(ATTACK, corpus / "tools/attack.py")
-    plan = parse_plan({
-        "campaign": "channel", "tier": "regression", "model": "claude-sonnet-4-5",
+    return corpus
+
+
+def channel_plan(campaign: str):
+    return parse_plan({
+        "campaign": campaign, "tier": "regression", "model": "claude-sonnet-4-5",
         "identity": {k: "sha256:" + "5" * 64 for k in ("lock", "tree", "selection", "read_set")}
         | {"seed": 1, "harness": "headwater 0.9.1"},
         "arms": ["present"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": [PROBE],
     })
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory, claude_command):
+    root = tmp_path_factory.mktemp("channel")
+    corpus = channel_corpus(root / "corpus")
+    plan = channel_plan("channel")
     store = FileStore(root / "store")
     with ScriptedProvider(SCENARIOS) as provider:
         settings = Settings(
