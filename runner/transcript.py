@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from runner import yamlfast
+
 RUN_IDENTITY_KEYS = (
     "model", "served_version", "tree", "lock", "selection", "read_set",
     "seed", "harness", "tier", "arm", "at", "cost_cents",
@@ -45,8 +47,18 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(str, _Dumper.represent_str)
 
 
-def _dump(value: object) -> str:
+def _pyyaml_dump(value: object) -> str:
     return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=10**6)
+
+
+_fast_dump = yamlfast.dumper(_pyyaml_dump, _Dumper.yaml_implicit_resolvers)
+_load = yamlfast.loader(_fast_dump)
+
+
+def _dump(value: object) -> str:
+    """PyYAML's text, from the fast layout when it can vouch for the value (runner/yamlfast.py)."""
+    text = _fast_dump(value)
+    return _pyyaml_dump(value) if text is None else text
 
 
 def render(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> str:
@@ -115,7 +127,7 @@ def parse(text: str) -> ParsedTranscript:
     except StopIteration:
         raise TranscriptError("the front matter is not closed") from None
     try:
-        front = yaml.safe_load("\n".join(lines[1:end])) or {}
+        front = _load("\n".join(lines[1:end])) or {}
     except yaml.YAMLError as e:
         raise TranscriptError(f"the front matter is not YAML: {e}".replace("\n", " ")) from None
     if not isinstance(front, dict) or front.get("kind") != KIND:
@@ -129,7 +141,7 @@ def parse(text: str) -> ParsedTranscript:
         if len(found) != 1 or found[0][0] != "yaml":
             raise TranscriptError(f"the section '## {heading}' must hold exactly one fenced yaml block, not {len(found)}")
         try:
-            blocks[heading] = yaml.safe_load("\n".join(found[0][1]))
+            blocks[heading] = _load("\n".join(found[0][1]))
         except yaml.YAMLError as e:
             raise TranscriptError(f"the block under '## {heading}' is not YAML: {e}".replace("\n", " ")) from None
     return ParsedTranscript(front=front, identity=blocks[IDENTITY_HEADING], events=blocks[EVENTS_HEADING])
