@@ -27,7 +27,6 @@ flags override them. Exit status: 0 all recorded; 1 sessions left interrupted or
 12 a session could not be confined or something was refused (see the refused section)."""
 
 
-SUMS = "SHA256SUMS"  # beside the transcripts: what the transform wrote, as `sha256sum` prints it
 FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")
 
 
@@ -106,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals, verifying their digests",
                           description="Copy transcripts/ of CAMPAIGN (the transcripts and refusals.json) into DEST "
-                                      f"after checking every file against the {SUMS} the transform wrote beside them. "
+                                      f"after checking every file against the {layout.SUMS_NAME} the transform wrote beside them. "
                                       "Nothing is written unless every file verifies.")
     pull.add_argument("campaign")
     pull.add_argument("--dest", type=Path, required=True)
@@ -183,6 +182,7 @@ def make_executor(name: str, settings: Settings):
 
 def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> int:
     from runner.campaign import run_sessions
+    from runner.intake_job import run_job
     from runner.plan import load_plan
     from runner.store import open_store
     from runner.throttle import Backoff
@@ -204,7 +204,7 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
         for key in report.interrupted:
             print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
-        job = transform_and_seal(store, plan)
+        job = run_job(store, plan)
     return _print_report(store, plan, job)
 
 
@@ -225,21 +225,9 @@ def cmd_demo(args, settings: Settings) -> int:
     return run_demo(settings, cmd_run)
 
 
-def transform_and_seal(store, plan):
-    """The transform, then the digests of what it left under transcripts/ (SHA256SUMS), which
-    `pull` checks every download against."""
-    from runner.intake_job import run_job
-
-    report = run_job(store, plan)
-    prefix = layout.transcripts_prefix(plan.campaign)
-    lines = [f"{hashlib.sha256(store.get(k)).hexdigest()}  {k[len(prefix):]}\n"
-             for k in store.list(prefix) if k != prefix + SUMS]
-    store.put(prefix + SUMS, "".join(lines).encode())
-    return report
-
-
 def cmd_transform(args, settings: Settings) -> int:
     from runner.campaign import load_stored_plan
+    from runner.intake_job import run_job
     from runner.store import open_store
 
     store = open_store(settings.store, settings)
@@ -256,7 +244,7 @@ def cmd_transform(args, settings: Settings) -> int:
                             f"{job['metadata']['name']}` to run it again")
         print(f"transform job: {where} (created)")
         return 0
-    return _print_report(store, plan, transform_and_seal(store, plan))
+    return _print_report(store, plan, run_job(store, plan))
 
 
 def campaign_status(store, plan, costs: dict) -> dict:
@@ -407,26 +395,27 @@ def cmd_pull(args, settings: Settings) -> int:
     keys = store.list(prefix)
     if not keys:
         raise UserError(f"campaign {args.campaign!r} has no transcripts in {store.uri} (run `probe-runner transform` first)")
-    if prefix + SUMS not in keys:
-        raise UserError(f"campaign {args.campaign!r}: no {SUMS} beside the transcripts in {store.uri}; "
+    if layout.sums_key(args.campaign) not in keys:
+        raise UserError(f"campaign {args.campaign!r}: no {layout.SUMS_NAME} beside the transcripts in {store.uri}; "
                         f"`probe-runner transform {args.campaign}` writes it")
-    sums = store.get(prefix + SUMS)
+    sums = store.get(layout.sums_key(args.campaign))
     lines = [line.split("  ", 1) for line in sums.decode(errors="replace").splitlines()]
     if not all(len(x) == 2 and len(x[0]) == 64 for x in lines):
-        raise StoreError(f"{store.uri}/{prefix}{SUMS} is malformed; `probe-runner transform {args.campaign}` rewrites it")
+        raise StoreError(f"{store.uri}/{prefix}{layout.SUMS_NAME} is malformed; `probe-runner transform {args.campaign}` rewrites it")
     want = {name: hexdigest for hexdigest, name in lines}
-    have = {k[len(prefix):] for k in keys} - {SUMS}
+    have = {k[len(prefix):] for k in keys} - {layout.SUMS_NAME}
     if have != set(want):
         extra, missing = sorted(have - set(want)), sorted(set(want) - have)
-        raise StoreError(f"{store.uri}/{prefix}: the files differ from {SUMS}"
+        raise StoreError(f"{store.uri}/{prefix}: the files differ from {layout.SUMS_NAME}"
                          + (f"; not listed: {', '.join(extra)}" if extra else "")
                          + (f"; listed but missing: {', '.join(missing)}" if missing else ""))
     fetched = {}
     for name in sorted(want):
         data = store.get(prefix + name)
-        if hashlib.sha256(data).hexdigest() != want[name]:
-            raise StoreError(f"{store.uri}/{prefix}{name}: sha256 {hashlib.sha256(data).hexdigest()} differs from "
-                             f"{SUMS}'s {want[name]}; nothing was written")
+        got = hashlib.sha256(data).hexdigest()
+        if got != want[name]:
+            raise StoreError(f"{store.uri}/{prefix}{name}: sha256 {got} differs from "
+                             f"{layout.SUMS_NAME}'s {want[name]}; nothing was written")
         fetched[name] = data
     args.dest.mkdir(parents=True, exist_ok=True)
     for name, data in fetched.items():

@@ -10,6 +10,7 @@ reason.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -197,4 +198,7 @@ def run_job(store: Store, plan: Plan) -> JobReport:
         report.arms.append(ArmResult(arm, key, len(result.events), None))
     store.put(layout.refusals_key(plan.campaign),
               json.dumps({"campaign": plan.campaign, "refusals": report.refusals}, indent=2).encode() + b"\n")
+    prefix, sums = layout.transcripts_prefix(plan.campaign), layout.sums_key(plan.campaign)
+    store.put(sums, "".join(f"{hashlib.sha256(store.get(k)).hexdigest()}  {k[len(prefix):]}\n"
+                            for k in store.list(prefix) if k != sums).encode())
     return report

@@ -37,6 +37,15 @@ def transcripts_prefix(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/"
 
 
+SUMS_NAME = "SHA256SUMS"
+
+
+def sums_key(campaign: str) -> str:
+    """Beside the transcripts: the digest of every file the transform left there, as
+    `sha256sum` prints them; `pull` checks every download against it."""
+    return f"{transcripts_prefix(campaign)}{SUMS_NAME}"
+
+
 @dataclass(frozen=True)
 class SessionKeys:
     campaign: str
