@@ -29,9 +29,9 @@ from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserEr
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, is_transient
-from runner.k8s.manifests import TIMEOUT_EXIT, UNCONFINED_EXIT, WORKSPACE
+from runner.k8s.manifests import WORKSPACE
 from runner.k8s.podcache import PodCache
-from runner.k8s.pod import deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
+from runner.k8s.pod import TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
 from runner.layout import SessionKeys
 from runner.ledger import now
 from runner.plan import Plan, Probe

@@ -33,8 +33,6 @@ CAPTURE_DIR = "/run/probe/capture"
 SECRET_DIR = "/run/probe/secret"
 HARNESS_EXECUTABLE = "claude"
 POD_MODULE = ["python3", "-m", "runner.k8s.pod"]
-TIMEOUT_EXIT = 124  # the entry point's exit code when it killed a session at its time limit
-UNCONFINED_EXIT = 125  # the entry point refused to start the CLI (runner.k8s.pod): nothing ran
 
 READER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
 
