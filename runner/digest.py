@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import BinaryIO
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 _DIGEST_RE = re.compile(DIGEST_PATTERN)
@@ -23,12 +24,18 @@ def of_text(text: str) -> str:
     return of_bytes(text.encode("utf-8"))
 
 
+def of_stream(f: BinaryIO) -> tuple[str, int]:
+    """Digest and byte count of what ``f`` reads to its end, a chunk at a time."""
+    h, size = hashlib.sha256(), 0
+    while chunk := f.read(_CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+    return "sha256:" + h.hexdigest(), size
+
+
 def of_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
+        return of_stream(f)[0]
 
 
 def is_digest(value: object) -> bool:

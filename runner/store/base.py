@@ -6,6 +6,8 @@ import hashlib
 from abc import ABC, abstractmethod
 from typing import IO, Iterator
 
+from runner import digest
+
 
 class StoreError(Exception):
     """A store operation failed for good (after the retry policy, where one applies)."""
@@ -94,12 +96,9 @@ class Store(ABC):
 
     def describe(self, key: str) -> dict:
         """Key, byte count and sha256 of a stored object, read back from the store."""
-        sha, size = hashlib.sha256(), 0
         with self.open(key) as f:
-            while chunk := f.read(1 << 20):
-                sha.update(chunk)
-                size += len(chunk)
-        return {"key": key, "bytes": size, "sha256": "sha256:" + sha.hexdigest()}
+            sha, size = digest.of_stream(f)
+        return {"key": key, "bytes": size, "sha256": sha}
 
     def iter_lines(self, key: str) -> Iterator[bytes]:
         with self.open(key) as f:
