@@ -16,16 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Callable
 
 from runner import digest, layout, stream
-from runner.throttle import Backoff, Signals, observe
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.testonly_killpoints import kill_point
+from runner.throttle import Backoff, Signals, observe
 from runner.transform import written_paths
 
 
@@ -115,10 +114,9 @@ def corpus_fingerprint(corpus: Path) -> str:
     return digest.of_text("\n".join(lines))
 
 
-def named_write_paths(store: Store, stream_key: str, workspace: str) -> set[str]:
+def named_write_paths(parsed: stream.ParsedStream, workspace: str) -> set[str]:
     """Workspace files the stream's write calls name: collected even if the session left them unchanged."""
-    uses = stream.parse(store.iter_lines(stream_key)).tool_uses
-    return {p for p in written_paths(uses, workspace) if not p.startswith("/") and p != "."}
+    return {p for p in written_paths(parsed.tool_uses, workspace) if not p.startswith("/") and p != "."}
 
 
 @dataclass
@@ -229,8 +227,18 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
             return "refused (workspace could not be sealed)", None
         store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
 
+        parsed_once: list[stream.ParsedStream] = []
+
+        def parsed_stream() -> stream.ParsedStream:
+            """The stored stream, parsed once: the executor asks for its write paths before it
+            collects the artifacts, and the outcome needs its cost and throttling after."""
+            if not parsed_once:
+                parsed_once.append(stream.parse(observe(store.iter_lines(keys.stream), signals or Signals())))
+            return parsed_once[0]
+
         def also(k: layout.SessionKeys, workspace: str) -> set[str]:
-            return named_write_paths(store, k.stream, workspace) | set(produced)
+            assert k == keys, "an executor collects the artifacts of the session it runs"
+            return named_write_paths(parsed_stream(), workspace) | set(produced)
 
         def started() -> None:
             ledger.start(spec.key, attempt)
@@ -255,7 +263,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
             return f"failed ({type(e).__name__}: {e})", None
         record["driver_produced"] = list(produced)
         store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
-        parsed = stream.parse(observe(store.iter_lines(keys.stream), signals or Signals()))
+        parsed = parsed_stream()
         status = "failed" if record["timed_out"] else "succeeded"
         kill_point("before-outcome")
         ledger.outcome(spec.key, attempt, status, {"stream": record["stream"], "exit_code": record["exit_code"],
