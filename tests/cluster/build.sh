@@ -26,20 +26,7 @@ KWOK_VERSION=v0.8.0
 RECIPE_REVISION=1
 # -------------------------------------------------------------------------------------
 
-JOBS="${PROBE_RUNNER_BUILD_JOBS:-2}"
-
-if [[ -x /usr/local/go/bin/go ]]; then
-  GO=/usr/local/go/bin/go
-else
-  GO="$(command -v go || true)"
-fi
-if [[ -z "${GO}" ]]; then
-  echo "build.sh: no Go toolchain found (looked at /usr/local/go/bin/go and PATH)" >&2
-  exit 1
-fi
-# Never download another toolchain: fail instead if a module asks for a newer Go.
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-buildvcs=false"
-GO_VERSION="$("${GO}" env GOVERSION)"
+source "$(dirname "$0")/../go-toolchain.sh"
 
 CACHE_ROOT="${PROBE_RUNNER_CACHE:-${HOME}/.cache/probe-runner}/cluster"
 KEY="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_${GO_VERSION}_r${RECIPE_REVISION}"

@@ -13,20 +13,8 @@
 # stdout: the path of the binary, as the last (and only) line. Build logs go to stderr.
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")" && pwd)"
-JOBS="${PROBE_RUNNER_BUILD_JOBS:-2}"
-
-if [[ -x /usr/local/go/bin/go ]]; then
-  GO=/usr/local/go/bin/go
-else
-  GO="$(command -v go || true)"
-fi
-if [[ -z "${GO}" ]]; then
-  echo "netpol/build.sh: no Go toolchain found (looked at /usr/local/go/bin/go and PATH)" >&2
-  exit 1
-fi
-# Never download another toolchain; build exactly what go.sum pins.
-export GOTOOLCHAIN=local GOWORK=off CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly"
-GO_VERSION="$("${GO}" env GOVERSION)"
+source "${SRC}/../go-toolchain.sh"
+export GOFLAGS="${GOFLAGS} -mod=readonly"  # build exactly what go.sum pins
 
 PIN="$(awk '$1 == "github.com/mattfenwick/cyclonus" {print $2} $1 == "require" && $2 == "github.com/mattfenwick/cyclonus" {print $3}' "${SRC}/go.mod")"
 if [[ -z "${PIN}" ]]; then
