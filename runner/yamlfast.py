@@ -4,12 +4,14 @@ PyYAML spends about 1.45 ms per tool call writing and reading back a transcript;
 only mappings, lists, strings, ints, bools and null, whose block-style layout is fixed. ``dump``
 lays that structure out itself and asks PyYAML (once per distinct string, cached) how to write
 each string it cannot prove plain; whatever it cannot vouch for (another type, a shared object
-PyYAML would anchor, a string PyYAML writes over several lines or long enough to fold) makes it
-return None, and the caller dumps with PyYAML. ``load`` reads with libyaml and keeps the result
-only if ``dump`` of it gives back the very text: such a text is PyYAML's own output for that
-value, which PyYAML's loader reads back as that value (tests/unit/test_transcript_render.py), so
-the verdict is the pure loader's. Any other text goes to the pure loader, whose verdict on
-foreign files libyaml does not share.
+PyYAML would anchor, a string long enough to fold or holding a line break other than ``\\n``)
+makes it return None, and the caller dumps with PyYAML.
+
+``load`` reads a text as this layout (``read``) and keeps the value only if ``dump`` of it gives
+back the very text: such a text is PyYAML's own output for that value, which PyYAML's loader
+reads back as that value (tests/unit/test_transcript_render.py), so the verdict is the pure
+loader's. ``read`` need not be right to be safe, only fast on the layout: any text it misreads
+fails the comparison and goes to the pure loader, as does every text that is not this layout.
 """
 
 from __future__ import annotations
@@ -23,40 +25,91 @@ import yaml
 _MAX_LEN = 50_000  # far below the 10**6 width, so PyYAML never folds; escapes at most 10x
 _MAX_KEY = 100  # below the 128 characters past which PyYAML writes a complex key
 _MAX_DEPTH = 64
-_SAFE = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_./ -]*\Z")
+_WHITE = "\0 \t\r\n\x85\u2028\u2029"
+# What PyYAML's emitter (analyze_scalar, choose_scalar_style, write_*_quoted) decides from, as
+# patterns. Characters it would call special with allow_unicode, which force double quotes:
+_SPECIAL = re.compile("[^\n\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010fffe]")
+# Indicators that forbid a plain scalar in block context past the first character: ": " or a
+# final ":", and " #".
+_INNER_INDICATOR = re.compile("(?<=.)(?::(?=[%s]|\\Z)|(?<=[%s])#)" % (_WHITE, _WHITE), re.S)
+# What a double-quoted scalar escapes, and how.
+_DOUBLE_QUOTED_ESCAPE = re.compile('["\\\\\x85\u2028\u2029\ufeff]|[^\x20-\x7e\xa0-\ud7ff\ue000-\ufffd]')
+_ESCAPES = {"\0": "0", "\x07": "a", "\x08": "b", "\t": "t", "\n": "n", "\x0b": "v", "\x0c": "f", "\r": "r",
+            "\x1b": "e", '"': '"', "\\": "\\", "\x85": "N", "\u2028": "L", "\u2029": "P"}
+_BREAK_RUN = re.compile("\n+")
 _BREAKS = re.compile("[\n\r\x85\u2028\u2029]")
-_CLoader = getattr(yaml, "CSafeLoader", None) if yaml.__with_libyaml__ else None
+# Line breaks PyYAML writes as themselves inside quotes, and NEL, which transcript's dumper
+# double-quotes: left to PyYAML itself.
+_OTHER_BREAKS = re.compile("[\x85\u2028\u2029]")
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
 
 
 class _Unsafe(Exception):
-    """A value PyYAML may write differently from this layout."""
+    """A value PyYAML may write differently from this layout, or a text that is not this layout."""
 
 
-def _plain_by_class(s: str, resolvers: dict) -> bool:
-    """Printable ASCII without indicators, no edge spaces, read back as a string: PyYAML writes it plain."""
-    if not _SAFE.match(s) or s[-1] == " ":
+def _escape(m: re.Match) -> str:
+    ch = m.group()
+    if ch in _ESCAPES:
+        return "\\" + _ESCAPES[ch]
+    code = ord(ch)
+    return "\\x%02X" % code if code <= 0xFF else "\\u%04X" % code if code <= 0xFFFF else "\\U%08X" % code
+
+
+def _plain_allowed(s: str, resolvers: dict) -> bool:
+    """PyYAML writes non-empty one-line ``s`` plain in block context: no edge spaces, no
+    indicator, and no implicit resolver reads it as anything but a string."""
+    if s[0] == " " or s[-1] == " " or s.startswith(("---", "...")):
+        return False
+    if s[0] in "#,[]{}&*!|>'\"%@`" or (s[0] in "?:-" and (len(s) == 1 or s[1] in _WHITE)):
+        return False
+    if _INNER_INDICATOR.search(s):
         return False
     return not any(r.match(s) for _, r in resolvers.get(s[0], []) + resolvers.get(None, []))
 
 
+def _native(s: str, resolvers: dict) -> str:
+    """How PyYAML's emitter writes ``s`` as a mapping value or list item at the root (width never
+    reached): plain where allowed, else single-quoted with each run of breaks doubled and followed
+    by the indent, else double-quoted with its escapes."""
+    if not s:
+        return "''"  # the empty plain scalar reads as null
+    if _SPECIAL.search(s) or " \n" in s or "\n " in s:
+        return '"' + _DOUBLE_QUOTED_ESCAPE.sub(_escape, s) + '"'
+    if "\n" not in s and _plain_allowed(s, resolvers):
+        return s
+    quoted = s.replace("'", "''")
+    if "\n" in s:
+        quoted = _BREAK_RUN.sub(lambda m: "\n" * (len(m.group()) + 1) + "  ", quoted)
+    return "'" + quoted + "'"
+
+
 def scalar_renderer(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[str], str | None]:
-    """How PyYAML writes string ``s`` as a mapping value or list item, or None when not on one line."""
+    """How PyYAML writes string ``s`` as a mapping value or list item, or None.
+
+    A string written over several lines (single-quoted, breaks doubled) comes back as written at
+    the root, its continuation lines indented by two; the caller re-indents them for the depth it
+    writes the string at, as PyYAML's emitter would. A string holding a line break other than
+    ``\\n``, or NEL, is asked of ``dump_one`` (PyYAML with the caller's dumper), and is None unless
+    PyYAML writes it on one line without such a break."""
     @lru_cache(maxsize=1 << 16)
     def render(s: str) -> str | None:
-        if _plain_by_class(s, resolvers):
-            return s
+        if not _OTHER_BREAKS.search(s):
+            return _native(s, resolvers)
         out = dump_one(s)
         out = out[:-4] if out.endswith("\n...\n") else out
         out = out[:-1]
-        return None if _BREAKS.search(out) else out
+        return None if "\n" in out or _OTHER_BREAKS.search(out) else out
     return render
 
 
 def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object], str | None]:
     """``dump(value)``: PyYAML's block-style text of ``value`` with ``dump_one``'s settings, or None."""
     string = scalar_renderer(dump_one, resolvers)
+    keys: dict[str, str] = {}  # key -> "key:", for the few keys a transcript repeats
 
-    def scalar(v: object) -> str:
+    def scalar(v: object, cont: int) -> str:
+        """``v`` written where its continuation lines, if any, are indented by ``cont``."""
         t = type(v)
         if t is str:
             if len(v) > _MAX_LEN:
@@ -64,7 +117,7 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
             r = string(v)
             if r is None:
                 raise _Unsafe
-            return r
+            return r.replace("\n  ", "\n" + " " * cont) if "\n" in r and cont != 2 else r
         if v is None:
             return "null"
         if t is bool:
@@ -74,47 +127,54 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
         raise _Unsafe
 
     def key(k: object) -> str:
-        if type(k) is not str or not k or len(k) > _MAX_KEY or _BREAKS.search(k):
-            raise _Unsafe
-        return scalar(k)
+        text = keys.get(k) if type(k) is str else None
+        if text is None:
+            if type(k) is not str or not k or len(k) > _MAX_KEY or _BREAKS.search(k):
+                raise _Unsafe
+            text = keys[k] = scalar(k, 0) + ":"
+        return text
 
     def mapping(d: dict, indent: int, first: str | None, out: list, seen: set) -> None:
         pad = " " * indent
-        for i, (k, v) in enumerate(d.items()):
-            out.append(first if i == 0 and first is not None else pad)
-            out.append(key(k) + ":")
-            after_key(v, indent, out, seen)
-
-    def after_key(v: object, indent: int, out: list, seen: set) -> None:
-        t = type(v)
-        if t is dict or t is list:
-            nested(v, seen, indent)
-            if not v:
-                out.append(" {}\n" if t is dict else " []\n")
-            elif t is dict:
-                out.append("\n")
-                mapping(v, indent + 2, None, out, seen)
-            else:
-                out.append("\n")
-                sequence(v, indent, None, out, seen)  # PyYAML's sequences under a key are indentless
-        else:
-            out.append(" " + scalar(v) + "\n")
-
-    def sequence(items: list, indent: int, first: str | None, out: list, seen: set) -> None:
-        pad = " " * indent
-        for i, v in enumerate(items):
-            p = (first if i == 0 and first is not None else pad) + "- "
+        lead = pad if first is None else first
+        for k, v in d.items():
+            out.append(lead)
+            out.append(key(k))
+            lead = pad
             t = type(v)
             if t is dict or t is list:
                 nested(v, seen, indent)
                 if not v:
-                    out.append(p + ("{}\n" if t is dict else "[]\n"))
+                    out.append(" {}\n" if t is dict else " []\n")
                 elif t is dict:
-                    mapping(v, indent + 2, p, out, seen)
+                    out.append("\n")
+                    mapping(v, indent + 2, None, out, seen)
                 else:
-                    sequence(v, indent + 2, p, out, seen)
+                    out.append("\n")
+                    sequence(v, indent, None, out, seen)  # PyYAML's sequences under a key are indentless
             else:
-                out.append(p + scalar(v) + "\n")
+                out.append(" ")
+                out.append(scalar(v, indent + 2))
+                out.append("\n")
+
+    def sequence(items: list, indent: int, first: str | None, out: list, seen: set) -> None:
+        pad = " " * indent + "- "
+        lead = pad if first is None else first + "- "
+        for v in items:
+            t = type(v)
+            if t is dict or t is list:
+                nested(v, seen, indent)
+                if not v:
+                    out.append(lead + ("{}\n" if t is dict else "[]\n"))
+                elif t is dict:
+                    mapping(v, indent + 2, lead, out, seen)
+                else:
+                    sequence(v, indent + 2, lead, out, seen)
+            else:
+                out.append(lead)
+                out.append(scalar(v, indent + 2))
+                out.append("\n")
+            lead = pad
 
     def nested(v: object, seen: set, indent: int) -> None:
         """PyYAML anchors an object met twice; this layout does not, so it refuses."""
@@ -142,16 +202,162 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
     return dump
 
 
-def loader(dump: Callable[[object], str | None]) -> Callable[[str], object]:
-    """``load(text)``: what ``yaml.safe_load(text)`` gives, via libyaml when ``dump`` vouches for the text."""
-    def load(text: str) -> object:
-        if _CLoader is not None:
-            try:
-                value = yaml.load(text, Loader=_CLoader)
-            except yaml.YAMLError:
-                value = None
+def _quoted_end(text: str, start: int) -> int:
+    """The index of the quote closing the single-quoted scalar opened at ``start``, or -1."""
+    j = start + 1
+    while True:
+        j = text.find("'", j)
+        if j < 0 or not text.startswith("'", j + 1):
+            return j
+        j += 2
+
+
+def _double_quoted_end(text: str) -> int:
+    j = 1
+    while True:
+        j = text.find('"', j)
+        if j < 0:
+            return -1
+        backslashes = len(text[:j]) - len(text[:j].rstrip("\\"))
+        if backslashes % 2 == 0:
+            return j
+        j += 1
+
+
+def _scalar(text: str) -> object:
+    """The value of a one-line scalar as ``dump`` writes them."""
+    c = text[:1]
+    if c == "'":
+        if len(text) < 2 or _quoted_end(text, 0) != len(text) - 1:
+            raise _Unsafe
+        return text[1:-1].replace("''", "'")
+    if c == '"':
+        return yaml.safe_load(text)  # a string only double quotes can hold: rare, and read as YAML reads it
+    if text == "null":
+        return None
+    if text == "true" or text == "false":
+        return text == "true"
+    return int(text) if _INT.match(text) else text
+
+
+def _split_key(text: str) -> tuple[str, str] | None:
+    """``(key text, what follows the colon)`` when ``text`` opens a mapping entry, else None."""
+    c = text[:1]
+    if c == "'" or c == '"':
+        end = _quoted_end(text, 0) if c == "'" else _double_quoted_end(text)
+        if end < 0 or text[end + 1:end + 2] != ":":
+            return None
+        return text[:end + 1], text[end + 2:]
+    at = text.find(": ")
+    if at >= 0:
+        return text[:at], text[at + 1:]
+    return (text[:-1], "") if text.endswith(":") else None
+
+
+class _Reader:
+    """Reads the layout ``dump`` writes, line by line; raises _Unsafe (or IndexError) where the
+    text is not that layout. Its value is a candidate that ``load`` checks against ``dump``."""
+
+    def __init__(self, text: str):
+        self.lines = text.split("\n")
+        self.i = 0
+
+    def value(self, rest: str, col: int) -> object:
+        """The node that starts with ``rest`` on the current line, at column ``col``."""
+        if rest.startswith("- "):
+            return self.sequence(col)
+        entry = _split_key(rest)
+        if entry is not None:
+            return self.mapping(col, entry)
+        if rest == "{}" or rest == "[]":
+            self.i += 1
+            return {} if rest == "{}" else []
+        return self.scalar(rest)
+
+    def scalar(self, rest: str) -> object:
+        self.i += 1
+        if rest.startswith("'") and _quoted_end(rest, 0) < 0:  # a single-quoted scalar over several lines
+            parts, blank = [rest[1:]], 0
+            while True:
+                line = self.lines[self.i].lstrip(" ")
+                self.i += 1
+                if not line:
+                    blank += 1
+                    continue
+                parts.append("\n" * blank if blank else " ")
+                blank = 0
+                end = _quoted_end("'" + line, 0)
+                if end >= 0:
+                    if end != len(line):
+                        raise _Unsafe
+                    parts.append(line[:-1])
+                    return "".join(parts).replace("''", "'")
+                parts.append(line)
+        return _scalar(rest)
+
+    def sequence(self, col: int) -> list:
+        lines, items, lead = self.lines, [], None
+        while True:
+            line = lines[self.i]
+            if lead is None:
+                lead = " " * col + "- "
+            elif not line.startswith(lead):
+                return items
+            items.append(self.value(line[col + 2:], col + 2))
+            if self.i >= len(lines):
+                return items
+
+    def mapping(self, col: int, entry: tuple[str, str]) -> dict:
+        lines, d, pad = self.lines, {}, " " * col
+        while True:
+            key_text, after = entry
+            k = _scalar(key_text)
+            if after == "":
+                self.i += 1
+                line = lines[self.i]
+                if line.startswith(pad + "- "):
+                    d[k] = self.sequence(col)
+                elif line.startswith(pad + "  ") and line[col + 2] != " ":
+                    d[k] = self.value(line[col + 2:], col + 2)
+                    if type(d[k]) is not dict:
+                        raise _Unsafe
+                else:
+                    raise _Unsafe
+            elif after == " {}" or after == " []":
+                self.i += 1
+                d[k] = {} if after == " {}" else []
+            elif after.startswith(" "):
+                d[k] = self.scalar(after[1:])
             else:
-                if dump(value) == text + "\n":  # parse hands each block over without its last line break
-                    return value
+                raise _Unsafe
+            if self.i >= len(lines):
+                return d
+            line = lines[self.i]
+            if not line.startswith(pad) or line[col:col + 1] in (" ", "") or line.startswith("- ", col):
+                return d
+            entry = _split_key(line[col:])
+            if entry is None:
+                raise _Unsafe
+
+
+def read(text: str) -> object:
+    """The value ``text`` holds if it is ``dump``'s layout; _Unsafe or IndexError where it is not."""
+    reader = _Reader(text)
+    value = reader.value(reader.lines[0], 0)
+    if reader.i != len(reader.lines):
+        raise _Unsafe
+    return value
+
+
+def loader(dump: Callable[[object], str | None]) -> Callable[[str], object]:
+    """``load(text)``: what ``yaml.safe_load(text)`` gives, read fast when ``dump`` vouches for the text."""
+    def load(text: str) -> object:
+        try:
+            value = read(text)
+        except (_Unsafe, IndexError, ValueError, RecursionError, yaml.YAMLError):
+            pass
+        else:
+            if dump(value) == text + "\n":  # parse hands each block over without its last line break
+                return value
         return yaml.safe_load(text)
     return load

@@ -13,14 +13,19 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import stream, transcript
+from runner import stream, transcript, yamlfast
 from runner.transform import SessionFacts, transform
 
 AWKWARD = ["", " ", "a ", " a", "yes", "No", "null", "~", "true", "12", "0x1F", "1e3", "2026-12-03", "1_000",
            "-", "- a", "a: b", "a #b", "#", "'", '"', "---", "...", "?", "@x", "`x", "%x", "!x", "&x", "*x",
            "[x]", "{x}", "a\nb", "a\x85b", "\u2028", "é✓😀", "\t", "a\tb", "\x00", "\ufeff", "x" * 300,
-           "docs/decisions/HW-DR-0052.md", "sha256:" + "a" * 64, "HW-DR-0052 current", "<synthetic>"]
-strings = st.sampled_from(AWKWARD) | st.text(max_size=30) | st.text(alphabet="abc :-#'\"\n ", max_size=12)
+           "docs/decisions/HW-DR-0052.md", "sha256:" + "a" * 64, "HW-DR-0052 current", "<synthetic>",
+           "a:", "a:b", "a::b", ":a", "? a", "?a", "-a", "a #b", "a#b", "a\n", "\na", "a\n\n\nb", "a \nb", "a\n b",
+           "it's\nhere", "\ud800x", "😀\t", "\x7f", "\xa0", "x\u2028y", "x\ry", "cat <<'EOF'\nline: 1\n  two\nEOF"]
+# Characters PyYAML's emitter decides on: indicators, quotes, breaks, tabs, controls, non-ASCII.
+EMITTER_ALPHABET = "ab :-#?,[]{}'\"\n\t\\!&*|>%@`.~é😀\x00\x1b\x7f\xa0\ufeff"
+strings = (st.sampled_from(AWKWARD) | st.text(max_size=30) | st.text(alphabet="abc :-#'\"\n ", max_size=12)
+           | st.text(alphabet=EMITTER_ALPHABET, max_size=40))
 scalars = st.none() | st.booleans() | st.integers(min_value=-10**20, max_value=10**20) | strings
 keys = st.sampled_from(["probe", "session", "calls", "tool", "argument", "result", "yes", "12", "a b"]) | st.text(min_size=1, max_size=8)
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
@@ -44,6 +49,25 @@ def test_fast_layout_is_pyyaml_output_or_declines(value):
     if fast is not None:
         assert fast == transcript._pyyaml_dump(value)
         assert _typed(yaml.safe_load(fast)) == _typed(value)
+
+
+@PROFILE
+@given(st.lists(st.text(alphabet=EMITTER_ALPHABET, max_size=40), min_size=1, max_size=3))
+def test_fast_layout_answers_for_strings_it_can_write_and_reads_them_back(items):
+    """Speed, not safety: every string without NEL, LS or PS is laid out without PyYAML, at any
+    depth, and read back without PyYAML; a regression here sends transcripts to the slow path."""
+    value = [{"probe": "HW-PRB-0001", "calls": [{"tool": "Bash", "argument": s} for s in items]}, items]
+    fast = transcript._fast_dump(value)
+    assert fast is not None and fast == transcript._pyyaml_dump(value)
+    assert _typed(yamlfast.read(fast[:-1])) == _typed(value)
+
+
+@PROFILE
+@given(st.dictionaries(keys, values, max_size=5) | st.lists(values, max_size=5))
+def test_reader_reads_back_every_text_the_fast_layout_writes(value):
+    fast = transcript._fast_dump(value)
+    if fast is not None:
+        assert _typed(yamlfast.read(fast[:-1])) == _typed(value)
 
 
 @PROFILE
