@@ -103,9 +103,29 @@ class ParsedStream:
 def canonical(value: object) -> bytes:
     """One byte form of a JSON value (sorted keys, no spaces, UTF-8), so its digest is stable.
 
-    ``surrogatepass`` keeps a lone surrogate (which only ``json`` reads) as the bytes it stands
-    for instead of failing on it."""
+    The form is ``json.dumps``'s; orjson writes the same bytes several times faster for every
+    value without a float (it writes some floats differently, 1e+16 as 1e16) and refuses the rest
+    (a lone surrogate, an integer beyond 64 bits), which ``json`` then writes, ``surrogatepass``
+    keeping a lone surrogate as the bytes it stands for (tests/unit/test_properties.py)."""
+    if not _holds_float(value):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONEncodeError:
+            pass
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _holds_float(value: object) -> bool:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, float):
+            return True
+    return False
 
 
 def result_bytes(content: object) -> bytes:
@@ -125,21 +145,20 @@ def _needs_reference(value: object, n: int) -> bool:
     """Whether ``value`` (parsed by orjson) may differ from what ``json`` reads.
 
     Raises _Unreadable for a value nested deeper than MAX_VALUE_DEPTH. Walks iteratively, so a
-    deep value costs no stack."""
+    deep value costs no stack, and visits only containers: it runs for every call and result."""
+    if not isinstance(value, (dict, list)):
+        return isinstance(value, float) and abs(value) >= _INT_RANGE
     stack = [(value, 0)]
     suspicious = False
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, dict):
-            v = v.values()
-        elif isinstance(v, float):
-            suspicious |= abs(v) >= _INT_RANGE
-            continue
-        elif not isinstance(v, list):
-            continue
         if depth >= MAX_VALUE_DEPTH:
             raise _Unreadable(f"line {n} nests a tool input or result deeper than {MAX_VALUE_DEPTH} levels")
-        stack.extend((x, depth + 1) for x in v)
+        for x in v.values() if isinstance(v, dict) else v:
+            if isinstance(x, (dict, list)):
+                stack.append((x, depth + 1))
+            elif isinstance(x, float):
+                suspicious |= abs(x) >= _INT_RANGE
     return suspicious
 
 

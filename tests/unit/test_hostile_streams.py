@@ -201,3 +201,23 @@ def test_unknown_line_types_and_odd_values_are_tolerated():
 def test_a_stream_read_from_a_file_object_gives_the_same_outcome_as_from_lines():
     lines = [line(INIT), call("t1", "Bash", command="ls"), answer("t1", [{"type": "text", "text": "a"}]), line(RESULT)]
     assert outcome(lines).event == outcome(list(io.BytesIO(b"".join(lines)))).event
+
+
+def _nested(levels: int) -> dict:
+    """A mapping whose innermost mapping is ``levels`` below it, holding a float only the
+    reference parser reads exactly."""
+    value: dict = {"f": 1e300}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def test_nesting_is_refused_from_the_64th_level_in_inputs_and_results():
+    for where in ("input", "result"):
+        for levels, refused in ((63, False), (64, True)):
+            # the innermost mapping ``levels`` below the input, or below the result's content list
+            lines = [line(INIT), call("t1", "mcp__x__y", **_nested(levels)) if where == "input" else call("t1", "mcp__x__y"),
+                     answer("t1", [_nested(levels - 1)] if where == "result" else "ok"), line(RESULT)]
+            problems = stream.parse(lines).problems
+            depth_problem = [p for p in problems if "deeper than 64 levels" in p]
+            assert bool(depth_problem) == refused, (where, levels, problems)

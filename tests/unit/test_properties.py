@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import PurePosixPath
 
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 
 from runner import answer, digest, intake, stream, transcript
 from runner.testing import fuzz_targets
-from runner.transform import SessionFacts, _Paths, result_needed, transform
+from runner.transform import SessionFacts, _Paths, _shell_words, result_needed, transform
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 IDENT = re.compile(r"HW-[A-Z]+-[0-9]{4}")
@@ -115,6 +116,16 @@ def test_digests_and_arguments_are_what_json_reads(tool_input, content):
     assert parsed.results["t"].digest == digest.of_bytes(stream.result_bytes(reference_content))
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.recursive(scalars | st.sampled_from(["\ud800", "a\udfffb", "\u2028\x7f\x00\"\\", "é😀"]) | st.integers(),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3) | st.sampled_from(["é", "😀", "\ud800", "Z"]), inner, max_size=4),
+                    max_leaves=16))
+def test_canonical_form_is_the_standard_librarys_byte_for_byte(value):
+    """The digest of a list result and the argument of an open tool input are made from this form."""
+    want = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    assert stream.canonical(value) == want
+
+
 @st.composite
 def reads_and_writes(draw) -> list[bytes]:
     """Complete streams of reads and writes of a few documents, some calls made in parallel
@@ -168,6 +179,16 @@ def _relative_with_pathlib(workspace: str, path: str) -> str | None:
        st.text(alphabet="/.aw", max_size=16) | st.sampled_from(["", ".", "..", "/workspace/..", "workspace"]))
 def test_relative_paths_are_computed_as_pathlib_computed_them(workspace, path):
     assert _Paths(workspace).relative(path) == _relative_with_pathlib(workspace, path)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=" \t\r\n\x0b\xa0\u2003ab/~'\"\\#|;&$()", max_size=24))
+def test_shell_words_are_shlexs(command):
+    try:
+        want = shlex.split(command, comments=True)
+    except ValueError:
+        want = command.split()
+    assert _shell_words(command) == want
 
 
 @FAST
