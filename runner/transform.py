@@ -58,7 +58,8 @@ class _Paths:
         # a relative workspace, or one under POSIX's distinct root "//"
         self._ws_parts = list(ws.parts[1:]) if ws.root == "/" else None
         self._prefix = "/".join(["", *self._ws_parts, ""]) if self._ws_parts is not None else None
-        base = re.escape(workspace.rstrip("/"))
+        self._base = workspace.rstrip("/")
+        base = re.escape(self._base)
         # Only whole path words: /workspace2 and /home/workspace/x are other paths.
         self._inside = re.compile(r"(?<![\w./~-])" + base + "/")
         self._bare = re.compile(r"(?<![\w./~-])" + base + r"(?![\w./-])")
@@ -91,6 +92,8 @@ class _Paths:
         return None
 
     def strip(self, text: str) -> str:
+        if self._base not in text:  # most arguments never name the workspace: no pattern to run
+            return text
         return self._bare.sub(".", self._inside.sub("", text))
 
     def show(self, path: str) -> str:

@@ -25,13 +25,9 @@ import yaml
 _MAX_LEN = 50_000  # far below the 10**6 width, so PyYAML never folds; escapes at most 10x
 _MAX_KEY = 100  # below the 128 characters past which PyYAML writes a complex key
 _MAX_DEPTH = 64
-_WHITE = "\0 \t\r\n\x85\u2028\u2029"
 # What PyYAML's emitter (analyze_scalar, choose_scalar_style, write_*_quoted) decides from, as
 # patterns. Characters it would call special with allow_unicode, which force double quotes:
 _SPECIAL = re.compile("[^\n\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010fffe]")
-# Indicators that forbid a plain scalar in block context past the first character: ": " or a
-# final ":", and " #".
-_INNER_INDICATOR = re.compile("(?<=.)(?::(?=[%s]|\\Z)|(?<=[%s])#)" % (_WHITE, _WHITE), re.S)
 # What a double-quoted scalar escapes, and how.
 _DOUBLE_QUOTED_ESCAPE = re.compile('["\\\\\x85\u2028\u2029\ufeff]|[^\x20-\x7e\xa0-\ud7ff\ue000-\ufffd]')
 _ESCAPES = {"\0": "0", "\x07": "a", "\x08": "b", "\t": "t", "\n": "n", "\x0b": "v", "\x0c": "f", "\r": "r",
@@ -56,19 +52,37 @@ def _escape(m: re.Match) -> str:
     return "\\x%02X" % code if code <= 0xFF else "\\u%04X" % code if code <= 0xFFFF else "\\U%08X" % code
 
 
-def _plain_allowed(s: str, resolvers: dict) -> bool:
-    """PyYAML writes non-empty one-line ``s`` plain in block context: no edge spaces, no
-    indicator, and no implicit resolver reads it as anything but a string."""
+def resolved_by(resolvers: dict) -> Callable[[str], bool]:
+    """Whether one of PyYAML's implicit resolvers (tag, pattern) lists keyed by first character
+    claims a non-empty string: each character's patterns joined into one, so a string costs one
+    match, as it is asked for every string a transcript holds."""
+    def union(patterns: list) -> re.Pattern | None:
+        return re.compile("|".join(("(?x:%s)" if r.flags & re.X else "(?:%s)") % r.pattern for _, r in patterns)) if patterns else None
+
+    wildcard = resolvers.get(None, [])
+    joined = {c: union(rs + wildcard) for c, rs in resolvers.items() if c is not None}
+    rest = union(wildcard)
+
+    def resolved(s: str) -> bool:
+        pattern = joined.get(s[0], rest)
+        return pattern is not None and pattern.match(s) is not None
+    return resolved
+
+
+def _plain_allowed(s: str, resolved: Callable[[str], bool]) -> bool:
+    """PyYAML writes ``s`` plain in block context: no edge spaces, no indicator, and no implicit
+    resolver reads it as anything but a string. For a non-empty ``s`` without line breaks or
+    special characters, whose only white space is therefore the space."""
     if s[0] == " " or s[-1] == " " or s.startswith(("---", "...")):
         return False
-    if s[0] in "#,[]{}&*!|>'\"%@`" or (s[0] in "?:-" and (len(s) == 1 or s[1] in _WHITE)):
+    if s[0] in "#,[]{}&*!|>'\"%@`" or (s[0] in "?:-" and (len(s) == 1 or s[1] == " ")):
         return False
-    if _INNER_INDICATOR.search(s):
+    if ": " in s or " #" in s or s[-1] == ":":
         return False
-    return not any(r.match(s) for _, r in resolvers.get(s[0], []) + resolvers.get(None, []))
+    return not resolved(s)
 
 
-def _native(s: str, resolvers: dict) -> str:
+def _native(s: str, resolved: Callable[[str], bool]) -> str:
     """How PyYAML's emitter writes ``s`` as a mapping value or list item at the root (width never
     reached): plain where allowed, else single-quoted with each run of breaks doubled and followed
     by the indent, else double-quoted with its escapes."""
@@ -76,7 +90,7 @@ def _native(s: str, resolvers: dict) -> str:
         return "''"  # the empty plain scalar reads as null
     if _SPECIAL.search(s) or " \n" in s or "\n " in s:
         return '"' + _DOUBLE_QUOTED_ESCAPE.sub(_escape, s) + '"'
-    if "\n" not in s and _plain_allowed(s, resolvers):
+    if "\n" not in s and _plain_allowed(s, resolved):
         return s
     quoted = s.replace("'", "''")
     if "\n" in s:
@@ -92,10 +106,12 @@ def scalar_renderer(dump_one: Callable[[str], str], resolvers: dict) -> Callable
     writes the string at, as PyYAML's emitter would. A string holding a line break other than
     ``\\n``, or NEL, is asked of ``dump_one`` (PyYAML with the caller's dumper), and is None unless
     PyYAML writes it on one line without such a break."""
+    resolved = resolved_by(resolvers)
+
     @lru_cache(maxsize=1 << 16)
     def render(s: str) -> str | None:
         if not _OTHER_BREAKS.search(s):
-            return _native(s, resolvers)
+            return _native(s, resolved)
         out = dump_one(s)
         out = out[:-4] if out.endswith("\n...\n") else out
         out = out[:-1]
@@ -224,6 +240,10 @@ def _double_quoted_end(text: str) -> int:
         j += 1
 
 
+_WORDS = {"null": None, "true": True, "false": False}
+_NOT_A_WORD = object()
+
+
 def _scalar(text: str) -> object:
     """The value of a one-line scalar as ``dump`` writes them."""
     c = text[:1]
@@ -232,12 +252,11 @@ def _scalar(text: str) -> object:
             raise _Unsafe
         return text[1:-1].replace("''", "'")
     if c == '"':
-        return yaml.safe_load(text)  # a string only double quotes can hold: rare, and read as YAML reads it
-    if text == "null":
-        return None
-    if text == "true" or text == "false":
-        return text == "true"
-    return int(text) if _INT.match(text) else text
+        return yaml.safe_load(text)  # a string only double quotes can hold: read as YAML reads it
+    word = _WORDS.get(text, _NOT_A_WORD)
+    if word is not _NOT_A_WORD:
+        return word
+    return int(text) if (c.isdigit() or c == "-") and _INT.match(text) else text
 
 
 def _split_key(text: str) -> tuple[str, str] | None:
@@ -261,14 +280,14 @@ class _Reader:
     def __init__(self, text: str):
         self.lines = text.split("\n")
         self.i = 0
+        self.keys: dict[str, object] = {}  # key text -> key: a transcript repeats a few keys
 
     def value(self, rest: str, col: int) -> object:
-        """The node that starts with ``rest`` on the current line, at column ``col``."""
+        """The node that starts with ``rest``, the current line from column ``col`` on."""
         if rest.startswith("- "):
             return self.sequence(col)
-        entry = _split_key(rest)
-        if entry is not None:
-            return self.mapping(col, entry)
+        if _split_key(rest) is not None:
+            return self.mapping(col)
         if rest == "{}" or rest == "[]":
             self.i += 1
             return {} if rest == "{}" else []
@@ -307,37 +326,58 @@ class _Reader:
             if self.i >= len(lines):
                 return items
 
-    def mapping(self, col: int, entry: tuple[str, str]) -> dict:
-        lines, d, pad = self.lines, {}, " " * col
+    def mapping(self, col: int) -> dict:
+        """The mapping whose first entry is the current line from ``col`` on. Entries of a plain
+        key and a plain value, nearly all of a transcript's, are read inline."""
+        lines, d, pad, keys = self.lines, {}, " " * col, self.keys
+        first = True
         while True:
-            key_text, after = entry
-            k = _scalar(key_text)
-            if after == "":
+            line = lines[self.i]
+            if not first and (not line.startswith(pad) or line[col:col + 1] in (" ", "") or line.startswith("- ", col)):
+                return d
+            first = False
+            at = line.find(": ", col)
+            if at > col and line[col] not in "'\"" and line[at + 2:at + 3] not in ("'", '"', "{", "[", ""):
+                key_text = line[col:at]
+                k = keys.get(key_text, _NOT_A_WORD)
+                if k is _NOT_A_WORD:
+                    k = keys[key_text] = _scalar(key_text)
+                text = line[at + 2:]
+                v = _WORDS.get(text, _NOT_A_WORD)
+                if v is _NOT_A_WORD:
+                    v = int(text) if (text[0].isdigit() or text[0] == "-") and _INT.match(text) else text
+                d[k] = v
                 self.i += 1
-                line = lines[self.i]
-                if line.startswith(pad + "- "):
-                    d[k] = self.sequence(col)
-                elif line.startswith(pad + "  ") and line[col + 2] != " ":
-                    d[k] = self.value(line[col + 2:], col + 2)
-                    if type(d[k]) is not dict:
-                        raise _Unsafe
-                else:
-                    raise _Unsafe
-            elif after == " {}" or after == " []":
-                self.i += 1
-                d[k] = {} if after == " {}" else []
-            elif after.startswith(" "):
-                d[k] = self.scalar(after[1:])
             else:
-                raise _Unsafe
+                self.entry(col, pad, line, d)
             if self.i >= len(lines):
                 return d
-            line = lines[self.i]
-            if not line.startswith(pad) or line[col:col + 1] in (" ", "") or line.startswith("- ", col):
-                return d
-            entry = _split_key(line[col:])
-            if entry is None:
+
+    def entry(self, col: int, pad: str, line: str, d: dict) -> None:
+        """Any other entry: a quoted key or value, an empty or nested collection."""
+        entry = _split_key(line[col:])
+        if entry is None:
+            raise _Unsafe
+        key_text, after = entry
+        k = _scalar(key_text)
+        if after == "":
+            self.i += 1
+            line = self.lines[self.i]
+            if line.startswith(pad + "- "):
+                d[k] = self.sequence(col)
+            elif line.startswith(pad + "  ") and line[col + 2] != " ":
+                d[k] = self.value(line[col + 2:], col + 2)
+                if type(d[k]) is not dict:
+                    raise _Unsafe
+            else:
                 raise _Unsafe
+        elif after == " {}" or after == " []":
+            self.i += 1
+            d[k] = {} if after == " {}" else []
+        elif after[:1] == " ":
+            d[k] = self.scalar(after[1:])
+        else:
+            raise _Unsafe
 
 
 def read(text: str) -> object:
