@@ -2,8 +2,9 @@
 parsing it cannot avoid.
 
 Generates a realistic stream-json corpus on disk (many sessions, long tool results, the
-structured ``tool_use_result`` copies the CLI adds, subagent lines, hooks and rate-limit
-lines), then measures over the same bytes, one process and so one core each:
+structured ``tool_use_result`` copies the CLI adds, Write and Edit results as the CLI's short
+confirmations, Bash heredocs over several lines, TodoWrite lists, subagent lines, hooks and
+rate-limit lines), then measures over the same bytes, one process and so one core each:
 
 * floor: a bare loop that splits lines and parses each with the fastest JSON parser here
   (orjson);
@@ -93,22 +94,42 @@ def _session(rng: random.Random, pool: str, target: int, result_bytes: int, sid:
     usage = {"input_tokens": 3, "cache_creation_input_tokens": 2170, "cache_read_input_tokens": 14910, "output_tokens": 229}
     while size < target:
         tid = f"toolu_{sid[:8]}_{i:04d}"
-        kind = rng.choice(("Read", "Read", "Read", "Bash", "Grep", "Write", "Edit", "Task"))
+        kind = rng.choice(("Read", "Read", "Read", "Bash", "Bash", "Grep", "Write", "Edit", "Task", "TodoWrite"))
         parent = f"toolu_{sid[:8]}_task" if kind == "Task" else None
         doc = f"docs/decisions/HW-DR-{rng.randrange(10000):04d}.md"
         body = _text(rng, pool, result_bytes)
+        note = f"{WORKSPACE}/notes/n{i}.md"
+        command = (f"grep -rn HW-DR {WORKSPACE}/docs | head -200" if i % 2 else  # every other one a heredoc
+                   f"cat > {note} <<'EOF'\n{body[:300]}\nEOF\ngit add {note} && git commit -q -m \"note {i}\"")
         inputs = {
             "Read": {"file_path": f"{WORKSPACE}/{doc}"},
-            "Bash": {"command": f"grep -rn HW-DR {WORKSPACE}/docs | head -200", "description": "search"},
+            "Bash": {"command": command, "description": "search"},
             "Grep": {"pattern": "HW-DR-[0-9]{4}", "path": f"{WORKSPACE}/docs", "output_mode": "content"},
-            "Write": {"file_path": f"{WORKSPACE}/notes/n{i}.md", "content": body[: result_bytes // 4]},
-            "Edit": {"file_path": f"{WORKSPACE}/notes/n{i}.md", "old_string": body[:200], "new_string": body[200:400]},
+            "Write": {"file_path": note, "content": body[: result_bytes // 4]},
+            "Edit": {"file_path": note, "old_string": body[:200], "new_string": body[200:400]},
             "Task": {"subagent_type": "Explore", "description": "look", "prompt": body[:500]},
+            "TodoWrite": {"todos": [{"content": f"check HW-DR-{k:04d}", "status": "pending", "activeForm": "checking"}
+                                    for k in range(i % 7 + 1)]},
         }[kind]
         name = "Read" if kind == "Task" else kind  # a subagent's call: a Read under the Task
-        content: object = body if kind != "Grep" else [{"type": "text", "text": body}]
-        structured = {"type": "text", "file": {"filePath": inputs.get("file_path", ""), "content": body,
-                                               "numLines": body.count("\n"), "startLine": 1}} if kind == "Read" else None
+        # What the CLI returns: a Write or Edit a line of confirmation (Edit with a snippet), with
+        # the file in the structured copy; a TodoWrite a line; the rest the text they produced.
+        content: object = {
+            "Grep": [{"type": "text", "text": body}],
+            "Write": f"File created successfully at: {note}",
+            "Edit": f"The file {note} has been updated. Here's the result of running `cat -n` on a snippet of the edited file:\n"
+                    + body[:600],
+            "TodoWrite": "Todos have been modified successfully. Ensure that you continue to use the todo list.",
+        }.get(kind, body)
+        structured = {
+            "Read": {"type": "text", "file": {"filePath": inputs.get("file_path", ""), "content": body,
+                                               "numLines": body.count("\n"), "startLine": 1}},
+            "Write": {"type": "create", "filePath": note, "content": inputs.get("content"), "structuredPatch": [],
+                      "originalFile": None},
+            "Edit": {"filePath": note, "oldString": body[:200], "newString": body[200:400], "originalFile": body,
+                     "structuredPatch": [{"oldStart": 1, "oldLines": 3, "newStart": 1, "newLines": 3,
+                                          "lines": body[:400].split("\n")}], "userModified": False, "replaceAll": False},
+        }.get(kind)
         lines.append(_dump({"type": "assistant", "message": {
             "id": f"msg_{i}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929",
             "content": [{"type": "text", "text": "Reading the next document."},

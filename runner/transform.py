@@ -10,7 +10,6 @@ no ``result`` or ``cites``; nothing checked an artifact, so no artifact has ``fi
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import PurePosixPath
@@ -112,41 +111,59 @@ def argument_of(use: ToolUse, paths: _Paths) -> str:
 
 
 def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
-    found: list[str] = []
+    found: dict[str, None] = {}  # in order of first appearance
 
     def add(candidate: str) -> None:
         # A ~ path names the home directory, which is never the workspace.
-        if candidate.startswith("~") or (candidate.startswith("/") and paths.relative(candidate) is None):
-            if candidate not in found:
-                found.append(candidate)
+        if candidate.startswith("~") or paths.relative(candidate) is None:
+            found[candidate] = None
 
     for use in uses:
         for key in PATH_INPUT_KEYS:
             value = use.input.get(key)
-            if isinstance(value, str):
+            if isinstance(value, str) and value.startswith(("/", "~")):
                 add(value)
         command = use.input.get("command") if use.name == "Bash" else None
         if isinstance(command, str):
-            words = _shell_words(command)
-            for word in words:
-                add(word)
-    return found
+            for word in _shell_words(command):
+                if word.startswith(("/", "~")):
+                    add(word)
+    return list(found)
 
 
-_SHELL_SPACE = re.compile("[ \t\r\n]+")
+# A command as shlex reads it (posix, whitespace_split, comments), one word at a time: a word of
+# unquoted runs, single- or double-quoted strings and escaped characters; a comment to the end of
+# its line; or a quote or backslash left open.
+_SHELL_WORD = re.compile(r"""[ \t\r\n]*(?:((?:[^ \t\r\n'"\\#]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+)|(#[^\n]*\n?)|(['"\\]))""", re.S)
+_SHELL_PIECE = re.compile(r"""([^'"\\]+)|'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)""", re.S)
+_DOUBLE_QUOTED_ESCAPE = re.compile(r"\\(.)", re.S)
+_QUOTING = re.compile(r"['\"\\\\]")
+
+
+def _unquoted(word: str) -> str:
+    """A word of the command that holds a quote or a backslash, without them, as shlex gives it."""
+    pieces = []
+    for run, single, double, escaped in _SHELL_PIECE.findall(word):
+        # findall gives "" for a group that did not take part: the one that did is the piece
+        pieces.append(run or single or escaped or
+                      # inside double quotes a backslash escapes only a backslash or a double quote
+                      _DOUBLE_QUOTED_ESCAPE.sub(lambda e: e.group(1) if e.group(1) in '\\"' else e.group(0), double))
+    return "".join(pieces)
 
 
 def _shell_words(command: str) -> list[str]:
-    """The words of a command as ``shlex.split(command, comments=True)`` gives them; where it
-    cannot (an open quote), split on white space. Without a quote, a backslash or a ``#`` no
-    character but its white space is special to shlex, so a plain split gives the same words
-    (tests/unit/test_properties.py) at a tenth of the cost."""
-    if not any(c in command for c in "'\"\\#"):
-        return [w for w in _SHELL_SPACE.split(command) if w]
-    try:
-        return shlex.split(command, comments=True)
-    except ValueError:
-        return command.split()
+    """The words of a command as ``shlex.split(command, comments=True)`` gives them, or where it
+    refuses the command (an open quote, a final backslash) its words split on white space.
+
+    shlex reads a character at a time in Python and cost more than parsing the stream; this reads
+    a word at a time with one pattern (held to shlex by tests/unit/test_properties.py)."""
+    words = []
+    for word, _comment, open_ in _SHELL_WORD.findall(command):
+        if open_:
+            return command.split()
+        if word:
+            words.append(_unquoted(word) if _QUOTING.search(word) else word)
+    return words
 
 
 def cites_of(data: bytes, identifier: re.Pattern[str]) -> list[str]:

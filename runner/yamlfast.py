@@ -25,6 +25,7 @@ import yaml
 _MAX_LEN = 50_000  # far below the 10**6 width, so PyYAML never folds; escapes at most 10x
 _MAX_KEY = 100  # below the 128 characters past which PyYAML writes a complex key
 _MAX_DEPTH = 64
+_CACHED_LEN = 256  # characters: 2**15 cached strings hold at most 8 M characters
 # What PyYAML's emitter (analyze_scalar, choose_scalar_style, write_*_quoted) decides from, as
 # patterns. Characters it would call special with allow_unicode, which force double quotes:
 _SPECIAL = re.compile("[^\n\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010fffe]")
@@ -33,6 +34,15 @@ _DOUBLE_QUOTED_ESCAPE = re.compile('["\\\\\x85\u2028\u2029\ufeff]|[^\x20-\x7e\xa
 _ESCAPES = {"\0": "0", "\x07": "a", "\x08": "b", "\t": "t", "\n": "n", "\x0b": "v", "\x0c": "f", "\r": "r",
             "\x1b": "e", '"': '"', "\\": "\\", "\x85": "N", "\u2028": "L", "\u2029": "P"}
 _BREAK_RUN = re.compile("\n+")
+# Printable ASCII without white space or an indicator anywhere, ":" only inside: plain, unless
+# an implicit resolver claims it.
+_PLAIN_WORD = re.compile(r"[A-Za-z0-9_/][A-Za-z0-9_./-]*(?::[A-Za-z0-9_./-]+)*\Z")
+# Reading one back: the escapes of YAML's double-quoted style that fit on one line.
+_DOUBLE_QUOTED = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_ESCAPE_SEQUENCE = re.compile(r"\\(x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|U[0-9A-Fa-f]{8}|.)")
+_UNESCAPES = {"0": "\0", "a": "\x07", "b": "\x08", "t": "\t", "\t": "\t", "n": "\n", "v": "\x0b", "f": "\x0c",
+              "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\", "N": "\x85", "_": "\xa0",
+              "L": "\u2028", "P": "\u2029"}
 _BREAKS = re.compile("[\n\r\x85\u2028\u2029]")
 # Line breaks PyYAML writes as themselves inside quotes, and NEL, which transcript's dumper
 # double-quotes: left to PyYAML itself.
@@ -50,6 +60,20 @@ def _escape(m: re.Match) -> str:
         return "\\" + _ESCAPES[ch]
     code = ord(ch)
     return "\\x%02X" % code if code <= 0xFF else "\\u%04X" % code if code <= 0xFFFF else "\\U%08X" % code
+
+
+# The escapes nearly every double-quoted string needs and no other, made with str.replace
+# (backslash first); a string needing any other escape goes through the pattern.
+_COMMON_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\t", "\\t"), ("\n", "\\n"))
+_UNCOMMON_ESCAPE = re.compile('[\x85\u2028\u2029\ufeff]|[^\t\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd]')
+
+
+def _double_quoted(s: str) -> str:
+    if _UNCOMMON_ESCAPE.search(s):
+        return '"' + _DOUBLE_QUOTED_ESCAPE.sub(_escape, s) + '"'
+    for ch, escaped in _COMMON_ESCAPES:
+        s = s.replace(ch, escaped)
+    return '"' + s + '"'
 
 
 def resolved_by(resolvers: dict) -> Callable[[str], bool]:
@@ -88,8 +112,10 @@ def _native(s: str, resolved: Callable[[str], bool]) -> str:
     by the indent, else double-quoted with its escapes."""
     if not s:
         return "''"  # the empty plain scalar reads as null
+    if _PLAIN_WORD.match(s) and not resolved(s):  # most strings: a digest, a path, a word
+        return s
     if _SPECIAL.search(s) or " \n" in s or "\n " in s:
-        return '"' + _DOUBLE_QUOTED_ESCAPE.sub(_escape, s) + '"'
+        return _double_quoted(s)
     if "\n" not in s and _plain_allowed(s, resolved):
         return s
     quoted = s.replace("'", "''")
@@ -108,7 +134,6 @@ def scalar_renderer(dump_one: Callable[[str], str], resolvers: dict) -> Callable
     PyYAML writes it on one line without such a break."""
     resolved = resolved_by(resolvers)
 
-    @lru_cache(maxsize=1 << 16)
     def render(s: str) -> str | None:
         if not _OTHER_BREAKS.search(s):
             return _native(s, resolved)
@@ -116,7 +141,13 @@ def scalar_renderer(dump_one: Callable[[str], str], resolvers: dict) -> Callable
         out = out[:-4] if out.endswith("\n...\n") else out
         out = out[:-1]
         return None if "\n" in out or _OTHER_BREAKS.search(out) else out
-    return render
+
+    cached = lru_cache(maxsize=1 << 15)(render)  # the keys and tools a transcript repeats
+
+    def rendered(s: str) -> str | None:
+        # only short strings are kept: a long one is rarely met twice and would hold memory
+        return cached(s) if len(s) <= _CACHED_LEN else render(s)
+    return rendered
 
 
 def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object], str | None]:
@@ -229,15 +260,18 @@ def _quoted_end(text: str, start: int) -> int:
 
 
 def _double_quoted_end(text: str) -> int:
-    j = 1
-    while True:
-        j = text.find('"', j)
-        if j < 0:
-            return -1
-        backslashes = len(text[:j]) - len(text[:j].rstrip("\\"))
-        if backslashes % 2 == 0:
-            return j
-        j += 1
+    """The index of the quote closing the double-quoted scalar that opens ``text``, or -1."""
+    m = _DOUBLE_QUOTED.match(text)
+    return m.end() - 1 if m else -1
+
+
+def _unescape(m: re.Match) -> str:
+    code = m.group(1)
+    if len(code) > 1:
+        return chr(int(code[1:], 16))
+    if code not in _UNESCAPES:
+        raise _Unsafe
+    return _UNESCAPES[code]
 
 
 _WORDS = {"null": None, "true": True, "false": False}
@@ -252,7 +286,9 @@ def _scalar(text: str) -> object:
             raise _Unsafe
         return text[1:-1].replace("''", "'")
     if c == '"':
-        return yaml.safe_load(text)  # a string only double quotes can hold: read as YAML reads it
+        if _double_quoted_end(text) != len(text) - 1:
+            raise _Unsafe
+        return _ESCAPE_SEQUENCE.sub(_unescape, text[1:-1])
     word = _WORDS.get(text, _NOT_A_WORD)
     if word is not _NOT_A_WORD:
         return word

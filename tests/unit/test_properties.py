@@ -181,8 +181,10 @@ def test_relative_paths_are_computed_as_pathlib_computed_them(workspace, path):
     assert _Paths(workspace).relative(path) == _relative_with_pathlib(workspace, path)
 
 
-@settings(max_examples=400, deadline=None)
-@given(st.text(alphabet=" \t\r\n\x0b\xa0\u2003ab/~'\"\\#|;&$()", max_size=24))
+@settings(max_examples=1500, deadline=None)
+@given(st.text(alphabet=" \t\r\n\x0b\xa0\u2003\x00ab/~'\"\\#|;&$()", max_size=30)
+       | st.sampled_from(["", "''", "'' ''", "a#b c", "#x\ny", "\\", "'a", '"a\\"', '"a\\b\\"\\\\"', "a\\\nb",
+                          "cat > n.md <<'EOF'\nx: 1 # y\nEOF\ngit commit -m \"a 'b'\""]))
 def test_shell_words_are_shlexs(command):
     try:
         want = shlex.split(command, comments=True)

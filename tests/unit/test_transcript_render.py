@@ -91,6 +91,12 @@ def test_loader_on_foreign_text_agrees_with_the_pure_loader(text):
     assert got == want
 
 
+def test_double_quoted_escapes_made_by_replace_are_the_patterns_for_every_bmp_character():
+    for c in range(0x10000):
+        text = f"a{chr(c)}\t\\\n\"b"
+        assert yamlfast._double_quoted(text) == '"' + yamlfast._DOUBLE_QUOTED_ESCAPE.sub(yamlfast._escape, text) + '"'
+
+
 def test_real_stream_events_render_the_same_on_both_paths():
     raw = (Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl").read_bytes()
     files = {"out.md": b"Cites HW-DR-0052.\n"}
