@@ -275,7 +275,23 @@ def _unescape(m: re.Match) -> str:
 
 
 _WORDS = {"null": None, "true": True, "false": False}
+_NOT_PLAIN_START = frozenset(("'", '"', "{", "[", "-", ""))  # how a value that is not a plain scalar or key starts
 _NOT_A_WORD = object()
+
+
+def _unescaped(body: str) -> str:
+    """A double-quoted scalar's characters: str.replace for a tab, a line break or a quote (each
+    backslash left after taking out escaped backslashes opens an escape), else the pattern."""
+    if "\\" not in body:
+        return body
+    parts = body.split("\\\\")
+    for j, part in enumerate(parts):
+        if "\\" in part:
+            part = part.replace("\\t", "\t").replace("\\n", "\n").replace('\\"', '"')
+            if "\\" in part:
+                return _ESCAPE_SEQUENCE.sub(_unescape, body)
+            parts[j] = part
+    return "\\".join(parts)
 
 
 def _scalar(text: str) -> object:
@@ -288,7 +304,7 @@ def _scalar(text: str) -> object:
     if c == '"':
         if _double_quoted_end(text) != len(text) - 1:
             raise _Unsafe
-        return _ESCAPE_SEQUENCE.sub(_unescape, text[1:-1])
+        return _unescaped(text[1:-1])
     word = _WORDS.get(text, _NOT_A_WORD)
     if word is not _NOT_A_WORD:
         return word
@@ -351,29 +367,26 @@ class _Reader:
         return _scalar(rest)
 
     def sequence(self, col: int) -> list:
-        lines, items, lead = self.lines, [], None
+        lines, items, n = self.lines, [], len(self.lines)
+        lead = " " * col + "- "
         while True:
-            line = lines[self.i]
-            if lead is None:
-                lead = " " * col + "- "
-            elif not line.startswith(lead):
-                return items
-            items.append(self.value(line[col + 2:], col + 2))
-            if self.i >= len(lines):
+            rest = lines[self.i][col + 2:]
+            if rest[:1] not in _NOT_PLAIN_START and ": " in rest:  # an item that is a mapping, the usual one
+                items.append(self.mapping(col + 2))
+            else:
+                items.append(self.value(rest, col + 2))
+            if self.i >= n or not lines[self.i].startswith(lead):
                 return items
 
     def mapping(self, col: int) -> dict:
         """The mapping whose first entry is the current line from ``col`` on. Entries of a plain
         key and a plain value, nearly all of a transcript's, are read inline."""
-        lines, d, pad, keys = self.lines, {}, " " * col, self.keys
-        first = True
+        lines, d, pad, keys, n = self.lines, {}, " " * col, self.keys, len(self.lines)
+        i = self.i
+        line = lines[i]
         while True:
-            line = lines[self.i]
-            if not first and (not line.startswith(pad) or line[col:col + 1] in (" ", "") or line.startswith("- ", col)):
-                return d
-            first = False
             at = line.find(": ", col)
-            if at > col and line[col] not in "'\"" and line[at + 2:at + 3] not in ("'", '"', "{", "[", ""):
+            if at > col and line[col] not in "'\"" and line[at + 2:at + 3] not in _NOT_PLAIN_START:
                 key_text = line[col:at]
                 k = keys.get(key_text, _NOT_A_WORD)
                 if k is _NOT_A_WORD:
@@ -383,11 +396,18 @@ class _Reader:
                 if v is _NOT_A_WORD:
                     v = int(text) if (text[0].isdigit() or text[0] == "-") and _INT.match(text) else text
                 d[k] = v
-                self.i += 1
+                i += 1
             else:
+                self.i = i
                 self.entry(col, pad, line, d)
-            if self.i >= len(lines):
-                return d
+                i = self.i
+            if i >= n:
+                break
+            line = lines[i]
+            if not line.startswith(pad) or line[col:col + 1] in (" ", "") or line.startswith("- ", col):
+                break
+        self.i = i
+        return d
 
     def entry(self, col: int, pad: str, line: str, d: dict) -> None:
         """Any other entry: a quoted key or value, an empty or nested collection."""
@@ -395,7 +415,9 @@ class _Reader:
         if entry is None:
             raise _Unsafe
         key_text, after = entry
-        k = _scalar(key_text)
+        k = self.keys.get(key_text, _NOT_A_WORD)
+        if k is _NOT_A_WORD:
+            k = self.keys[key_text] = _scalar(key_text)
         if after == "":
             self.i += 1
             line = self.lines[self.i]

@@ -97,6 +97,19 @@ def test_double_quoted_escapes_made_by_replace_are_the_patterns_for_every_bmp_ch
         assert yamlfast._double_quoted(text) == '"' + yamlfast._DOUBLE_QUOTED_ESCAPE.sub(yamlfast._escape, text) + '"'
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["a", "é", "\\t", "\\n", '\\"', "\\\\", "\\x41", "\\u00e9", "\\N", "\\q", "\\"]), max_size=12))
+def test_double_quoted_text_read_by_replace_is_read_as_by_the_pattern(pieces):
+    def outcome(unescape):
+        try:
+            return ("read", unescape(body))
+        except yamlfast._Unsafe:
+            return ("declined",)
+
+    body = "".join(pieces)
+    assert outcome(yamlfast._unescaped) == outcome(lambda b: yamlfast._ESCAPE_SEQUENCE.sub(yamlfast._unescape, b))
+
+
 def test_real_stream_events_render_the_same_on_both_paths():
     raw = (Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl").read_bytes()
     files = {"out.md": b"Cites HW-DR-0052.\n"}
