@@ -15,9 +15,11 @@ A failure of 1, 2, 4 or 5 refuses the whole file; 3 drops single events.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from runner.digest import is_digest
-from runner.transcript import CALL_KEYS, EVENT_KEYS, PRODUCED_KEYS, RUN_IDENTITY_KEYS, ParsedTranscript, TranscriptError, parse
+from runner.transcript import (CALL_KEYS, EVENT_KEYS, PRODUCED_KEYS, RUN_IDENTITY_KEYS, ParsedTranscript, Rendered,
+                               TranscriptError, parse, reread)
 
 
 @dataclass
@@ -90,8 +92,19 @@ def confirm_parsed(t: ParsedTranscript, plan_lock: str, probe_ids: set[str]) -> 
 
 
 def confirm(text: str, plan_lock: str, probe_ids: set[str]) -> IntakeResult:
+    """The confirmations of a transcript file, read as the engine reads it."""
+    return _confirmed(parse, text, plan_lock, probe_ids)
+
+
+def confirm_rendered(r: Rendered, plan_lock: str, probe_ids: set[str]) -> IntakeResult:
+    """The confirmations of a transcript ``render`` just wrote, without reading again the blocks
+    the dump vouches for (transcript.reread): the same verdict as ``confirm`` of its text."""
+    return _confirmed(reread, r, plan_lock, probe_ids)
+
+
+def _confirmed(read: Callable, source: object, plan_lock: str, probe_ids: set[str]) -> IntakeResult:
     try:
-        parsed = parse(text)
+        parsed = read(source)
     except TranscriptError as e:
         return IntakeResult(refusal=f"format: {e}")
     return confirm_parsed(parsed, plan_lock, probe_ids)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from runner import layout, stream
-from runner.intake import confirm
+from runner.intake import confirm_rendered
 from runner.ledger import Ledger
 from runner.plan import Plan
 from runner.store import NotFound, Store
-from runner.transcript import render
+from runner.transcript import rendered
 from runner.transform import SessionFacts, SessionOutcome, result_needed, transform
 
 CONTRACT_PROSE = (
@@ -178,14 +178,14 @@ def run_job(store: Store, plan: Plan) -> JobReport:
             "cost_cents": _cents(total) if costs else None,
         }
         events = [o.event for o in outcomes if o.event is not None]
-        text = render(
+        transcript = rendered(
             {"title": f"{plan.campaign} {plan.tier.value} {arm}", "campaign": plan.campaign},
             f"Probe transcript: {plan.campaign}, {plan.tier.value} tier, {arm} arm",
             _prose(plan, arm, outcomes, captures, len(items), len(items) - len(captured)),
             identity,
             events,
         )
-        result = confirm(text, plan.identity.lock, {p.id for p in plan.probes})
+        result = confirm_rendered(transcript, plan.identity.lock, {p.id for p in plan.probes})
         for d in result.dropped:
             report.refusals.append({"scope": "event", "arm": arm, "status": "dropped", **d})
         if result.refusal:
@@ -194,7 +194,7 @@ def run_job(store: Store, plan: Plan) -> JobReport:
             store.delete(key)
             report.arms.append(ArmResult(arm, None, 0, result.refusal))
             continue
-        store.put(key, text.encode("utf-8"))
+        store.put(key, transcript.text.encode("utf-8"))
         report.arms.append(ArmResult(arm, key, len(result.events), None))
     store.put(layout.refusals_key(plan.campaign),
               json.dumps({"campaign": plan.campaign, "refusals": report.refusals}, indent=2).encode() + b"\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import yaml
 
@@ -61,17 +62,31 @@ def _dump(value: object) -> str:
     return _pyyaml_dump(value) if text is None else text
 
 
-def render(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> str:
+@dataclass(frozen=True)
+class Rendered:
+    """A transcript as ``render`` wrote it: the text, and for each YAML block (front matter,
+    identity, events) the text it was written as with the value it was written from."""
+
+    text: str
+    blocks: tuple[tuple[str, object], ...]
+
+
+def rendered(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> Rendered:
+    blocks = tuple((_dump(value), value) for value in ({"kind": KIND, **front}, identity, events))
     parts = [
-        "---\n" + _dump({"kind": KIND, **front}) + "---\n",
+        "---\n" + blocks[0][0] + "---\n",
         f"# {title}\n",
         *(p.rstrip() + "\n" for p in prose),
         f"## {IDENTITY_HEADING}\n",
-        "```yaml\n" + _dump(identity) + "```\n",
+        "```yaml\n" + blocks[1][0] + "```\n",
         f"## {EVENTS_HEADING}\n",
-        "```yaml\n" + (_dump(events) if events else "[]\n") + "```\n",
+        "```yaml\n" + blocks[2][0] + "```\n",
     ]
-    return "\n".join(parts)
+    return Rendered("\n".join(parts), blocks)
+
+
+def render(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> str:
+    return rendered(front, title, prose, identity, events).text
 
 
 @dataclass
@@ -119,6 +134,26 @@ def _sections(lines: list[str]) -> dict[str, list[list[str]]]:
 
 
 def parse(text: str) -> ParsedTranscript:
+    return _parse(text, _load)
+
+
+def reread(r: Rendered) -> ParsedTranscript:
+    """A transcript ``render`` just wrote, read back as ``parse`` reads any file, except that a
+    block whose text is still the text its value was written as is taken as that value instead of
+    being read again: that text is PyYAML's for that value, which PyYAML reads back as that value
+    (tests/unit/test_transcript_render.py), so reading it again would confirm what the dump
+    already vouched for. The structure is read all the same: prose that opens a fence or a heading
+    of its own, or anything else that moves a block, shows as it would to the engine."""
+    written = iter(r.blocks)
+
+    def load(block: str) -> object:
+        text, value = next(written)
+        return value if block + "\n" == text else _load(block)
+    return _parse(r.text, load)
+
+
+def _parse(text: str, load: Callable[[str], object]) -> ParsedTranscript:
+    """The transcript's blocks, each read by ``load``, in the order front matter, identity, events."""
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         raise TranscriptError("the file does not start with YAML front matter")
@@ -127,7 +162,7 @@ def parse(text: str) -> ParsedTranscript:
     except StopIteration:
         raise TranscriptError("the front matter is not closed") from None
     try:
-        front = _load("\n".join(lines[1:end])) or {}
+        front = load("\n".join(lines[1:end])) or {}
     except yaml.YAMLError as e:
         raise TranscriptError(f"the front matter is not YAML: {e}".replace("\n", " ")) from None
     if not isinstance(front, dict) or front.get("kind") != KIND:
@@ -141,7 +176,7 @@ def parse(text: str) -> ParsedTranscript:
         if len(found) != 1 or found[0][0] != "yaml":
             raise TranscriptError(f"the section '## {heading}' must hold exactly one fenced yaml block, not {len(found)}")
         try:
-            blocks[heading] = _load("\n".join(found[0][1]))
+            blocks[heading] = load("\n".join(found[0][1]))
         except yaml.YAMLError as e:
             raise TranscriptError(f"the block under '## {heading}' is not YAML: {e}".replace("\n", " ")) from None
     return ParsedTranscript(front=front, identity=blocks[IDENTITY_HEADING], events=blocks[EVENTS_HEADING])

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from runner.intake import confirm
-from runner.transcript import TranscriptError, parse, render
+from runner.intake import confirm, confirm_rendered
+from runner.transcript import Rendered, TranscriptError, parse, render, rendered
 
 LOCK = "sha256:" + "b" * 64
 D = "sha256:" + "c" * 64
@@ -138,3 +138,21 @@ def test_roundtrip_tricky_scalars():
             "produced": [{"path": "null", "result": D, "cites": ["on", "1e3"]}], "answer": "no"}]
     t = parse(text(evs=evs))
     assert t.events == evs
+
+
+def test_a_rendered_transcript_gets_the_verdict_of_its_text():
+    """confirm_rendered takes a block as the value it was written from only while its text is
+    still that dump; prose that moves or adds a block is read as the engine would read it."""
+    fence = "```yaml\n- probe: p9\n  session: x\n```"
+    for prose in (["Some prose."], ["## Events\n" + fence], [fence], ["# Other\n## Run identity"], ["---"]):
+        for evs in (events(), [], [{"probe": "p1", "session": "s", "extra": 1}]):
+            r = rendered({"campaign": "c1"}, "Transcript", prose, identity(), evs)
+            assert repr(confirm_rendered(r, LOCK, {"p1", "p2"})) == repr(confirm(r.text, LOCK, {"p1", "p2"}))
+
+
+def test_a_rendered_transcript_whose_text_changed_is_read_from_its_text():
+    r = rendered({"campaign": "c1"}, "Transcript", ["Some prose."], identity(), events())
+    changed = Rendered(r.text.replace("probe: p2", "probe: p3"), r.blocks)
+    got = confirm_rendered(changed, LOCK, {"p1", "p2"})
+    assert [d["probe"] for d in got.dropped] == ["p3"]
+    assert repr(got) == repr(confirm(changed.text, LOCK, {"p1", "p2"}))
