@@ -79,6 +79,22 @@ def _dump(obj: dict) -> bytes:
     return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
+def _call(tid: str, name: str, inputs: dict, parent: str | None, sid: str, usage: dict) -> bytes:
+    return _dump({"type": "assistant", "message": {
+        "id": f"msg_{tid}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929",
+        "content": [{"type": "text", "text": "Reading the next document."}, {"type": "tool_use", "id": tid, "name": name, "input": inputs}],
+        "stop_reason": "tool_use", "usage": usage}, "parent_tool_use_id": parent, "session_id": sid})
+
+
+def _result(tid: str, content: object, structured: dict | None, parent: str | None, sid: str) -> bytes:
+    user = {"type": "user", "message": {"role": "user", "content": [
+        {"tool_use_id": tid, "type": "tool_result", "content": content, "is_error": False}]},
+        "parent_tool_use_id": parent, "session_id": sid, "timestamp": "2026-12-02T11:33:34.993Z"}
+    if structured:
+        user["tool_use_result"] = structured
+    return _dump(user)
+
+
 def _session(rng: random.Random, pool: str, target: int, result_bytes: int, sid: str) -> bytes:
     common = {"session_id": sid}
     lines = [
@@ -95,52 +111,46 @@ def _session(rng: random.Random, pool: str, target: int, result_bytes: int, sid:
     while size < target:
         tid = f"toolu_{sid[:8]}_{i:04d}"
         kind = rng.choice(("Read", "Read", "Read", "Bash", "Bash", "Grep", "Write", "Edit", "Task", "TodoWrite"))
-        parent = f"toolu_{sid[:8]}_task" if kind == "Task" else None
-        doc = f"docs/decisions/HW-DR-{rng.randrange(10000):04d}.md"
+        doc = f"{WORKSPACE}/docs/decisions/HW-DR-{rng.randrange(10000):04d}.md"
         body = _text(rng, pool, result_bytes)
         note = f"{WORKSPACE}/notes/n{i}.md"
         command = (f"grep -rn HW-DR {WORKSPACE}/docs | head -200" if i % 2 else  # every other one a heredoc
                    f"cat > {note} <<'EOF'\n{body[:300]}\nEOF\ngit add {note} && git commit -q -m \"note {i}\"")
-        inputs = {
-            "Read": {"file_path": f"{WORKSPACE}/{doc}"},
-            "Bash": {"command": command, "description": "search"},
-            "Grep": {"pattern": "HW-DR-[0-9]{4}", "path": f"{WORKSPACE}/docs", "output_mode": "content"},
-            "Write": {"file_path": note, "content": body[: result_bytes // 4]},
-            "Edit": {"file_path": note, "old_string": body[:200], "new_string": body[200:400]},
-            "Task": {"subagent_type": "Explore", "description": "look", "prompt": body[:500]},
-            "TodoWrite": {"todos": [{"content": f"check HW-DR-{k:04d}", "status": "pending", "activeForm": "checking"}
-                                    for k in range(i % 7 + 1)]},
-        }[kind]
-        name = "Read" if kind == "Task" else kind  # a subagent's call: a Read under the Task
-        # What the CLI returns: a Write or Edit a line of confirmation (Edit with a snippet), with
-        # the file in the structured copy; a TodoWrite a line; the rest the text they produced.
-        content: object = {
-            "Grep": [{"type": "text", "text": body}],
-            "Write": f"File created successfully at: {note}",
-            "Edit": f"The file {note} has been updated. Here's the result of running `cat -n` on a snippet of the edited file:\n"
-                    + body[:600],
-            "TodoWrite": "Todos have been modified successfully. Ensure that you continue to use the todo list.",
-        }.get(kind, body)
-        structured = {
-            "Read": {"type": "text", "file": {"filePath": inputs.get("file_path", ""), "content": body,
-                                               "numLines": body.count("\n"), "startLine": 1}},
-            "Write": {"type": "create", "filePath": note, "content": inputs.get("content"), "structuredPatch": [],
-                      "originalFile": None},
-            "Edit": {"filePath": note, "oldString": body[:200], "newString": body[200:400], "originalFile": body,
-                     "structuredPatch": [{"oldStart": 1, "oldLines": 3, "newStart": 1, "newLines": 3,
-                                          "lines": body[:400].split("\n")}], "userModified": False, "replaceAll": False},
-        }.get(kind)
-        lines.append(_dump({"type": "assistant", "message": {
-            "id": f"msg_{i}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5-20250929",
-            "content": [{"type": "text", "text": "Reading the next document."},
-                        {"type": "tool_use", "id": tid, "name": name, "input": inputs}],
-            "stop_reason": "tool_use", "usage": usage}, "parent_tool_use_id": parent, **common}))
-        user = {"type": "user", "message": {"role": "user", "content": [
-            {"tool_use_id": tid, "type": "tool_result", "content": content, "is_error": False}]},
-            "parent_tool_use_id": parent, **common, "timestamp": "2026-12-02T11:33:34.993Z"}
-        if structured:
-            user["tool_use_result"] = structured
-        lines.append(_dump(user))
+        read = {"type": "text", "file": {"filePath": doc, "content": body, "numLines": body.count("\n"), "startLine": 1}}
+        if kind == "Task":  # the Task call, its subagent's Read (parent_tool_use_id: the Task), then the Task's answer
+            lines.append(_call(f"{tid}_task", "Task", {"subagent_type": "Explore", "description": "look", "prompt": body[:500]}, None, sid, usage))
+            lines.append(_call(tid, "Read", {"file_path": doc}, f"{tid}_task", sid, usage))
+            lines.append(_result(tid, body, read, f"{tid}_task", sid))
+            lines.append(_result(f"{tid}_task", [{"type": "text", "text": body[:800]}], None, None, sid))
+        else:
+            inputs = {
+                "Read": {"file_path": doc},
+                "Bash": {"command": command, "description": "search"},
+                "Grep": {"pattern": "HW-DR-[0-9]{4}", "path": f"{WORKSPACE}/docs", "output_mode": "content"},
+                "Write": {"file_path": note, "content": body[: result_bytes // 4]},
+                "Edit": {"file_path": note, "old_string": body[:200], "new_string": body[200:400]},
+                "TodoWrite": {"todos": [{"content": f"check HW-DR-{k:04d}", "status": "pending", "activeForm": "checking"}
+                                        for k in range(i % 7 + 1)]},
+            }[kind]
+            # What the CLI returns: a Write or Edit a line of confirmation (Edit with a snippet), with
+            # the file in the structured copy; a TodoWrite a line; the rest the text they produced.
+            content: object = {
+                "Grep": [{"type": "text", "text": body}],
+                "Write": f"File created successfully at: {note}",
+                "Edit": f"The file {note} has been updated. Here's the result of running `cat -n` on a snippet of the edited file:\n"
+                        + body[:600],
+                "TodoWrite": "Todos have been modified successfully. Ensure that you continue to use the todo list.",
+            }.get(kind, body)
+            structured = {
+                "Read": read,
+                "Write": {"type": "create", "filePath": note, "content": inputs.get("content"), "structuredPatch": [],
+                          "originalFile": None},
+                "Edit": {"filePath": note, "oldString": body[:200], "newString": body[200:400], "originalFile": body,
+                         "structuredPatch": [{"oldStart": 1, "oldLines": 3, "newStart": 1, "newLines": 3,
+                                              "lines": body[:400].split("\n")}], "userModified": False, "replaceAll": False},
+            }.get(kind)
+            lines.append(_call(tid, kind, inputs, None, sid, usage))
+            lines.append(_result(tid, content, structured, None, sid))
         if i % 25 == 0:
             lines.append(_dump({"type": "rate_limit_event", "rate_limit_info": {"status": "allowed", "resetsAt": 1785352800}, **common}))
         size += sum(map(len, lines[counted:]))

@@ -66,7 +66,7 @@ _INT_RANGE = float(2**63)
 MAX_COST_USD = Decimal(10) ** 9
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolUse:
     id: str
     name: str
@@ -75,7 +75,7 @@ class ToolUse:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolResult:
     # the identity of what the call returned: sha256 of its bytes (see result_bytes); None where
     # the caller said the transform identifies the result otherwise (see parse)
@@ -332,9 +332,11 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _
     if not isinstance(content, list):
         return
     results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-    if any(_needs_reference(b.get("content"), n) for b in results):
-        obj = _reference(raw, n, last)
-        results = [b for b in obj["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    for block in results:
+        if not isinstance(block.get("content"), str) and _needs_reference(block.get("content"), n):
+            obj = _reference(raw, n, last)
+            results = [b for b in obj["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+            break
     for block in results:
         tid = block.get("tool_use_id")
         if not isinstance(tid, str) or tid not in state.seen_ids:

@@ -126,7 +126,7 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
         command = use.input.get("command") if use.name == "Bash" else None
         if isinstance(command, str):
             for word in _shell_words(command):
-                if word.startswith(("/", "~")):
+                if word[:1] in ("/", "~"):
                     add(word)
     return list(found)
 
