@@ -165,6 +165,8 @@ def _parse(text: str, load: Callable[[str], object]) -> ParsedTranscript:
         front = load("\n".join(lines[1:end])) or {}
     except yaml.YAMLError as e:
         raise TranscriptError(f"the front matter is not YAML: {e}".replace("\n", " ")) from None
+    except RecursionError:  # PyYAML's composer recurses once per level
+        raise TranscriptError("the front matter is nested too deeply to read") from None
     if not isinstance(front, dict) or front.get("kind") != KIND:
         raise TranscriptError(f"the front matter does not declare kind: {KIND}")
     sections = _sections(lines[end + 1:])
@@ -179,4 +181,6 @@ def _parse(text: str, load: Callable[[str], object]) -> ParsedTranscript:
             blocks[heading] = load("\n".join(found[0][1]))
         except yaml.YAMLError as e:
             raise TranscriptError(f"the block under '## {heading}' is not YAML: {e}".replace("\n", " ")) from None
+        except RecursionError:
+            raise TranscriptError(f"the block under '## {heading}' is nested too deeply to read") from None
     return ParsedTranscript(front=front, identity=blocks[IDENTITY_HEADING], events=blocks[EVENTS_HEADING])

@@ -2,9 +2,10 @@
 
 PyYAML spends about 1.45 ms per tool call writing and reading back a transcript; the blocks hold
 only mappings, lists, strings, ints, bools and null, whose block-style layout is fixed. ``dump``
-lays that structure out itself and asks PyYAML (once per distinct string, cached) how to write
-each string it cannot prove plain; whatever it cannot vouch for (another type, a shared object
-PyYAML would anchor, a string long enough to fold or holding a line break other than ``\\n``)
+lays that structure out itself and writes each string as PyYAML's emitter would (plain, single-
+quoted over several lines, or double-quoted with its escapes), decided by patterns instead of a
+loop over characters; only a string holding NEL, LS or PS is asked of PyYAML. Whatever it cannot
+vouch for (another type, a shared object PyYAML would anchor, a string long enough to fold)
 makes it return None, and the caller dumps with PyYAML.
 
 ``load`` reads a text as this layout (``read``) and keeps the value only if ``dump`` of it gives

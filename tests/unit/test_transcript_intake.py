@@ -156,3 +156,13 @@ def test_a_rendered_transcript_whose_text_changed_is_read_from_its_text():
     got = confirm_rendered(changed, LOCK, {"p1", "p2"})
     assert [d["probe"] for d in got.dropped] == ["p3"]
     assert repr(got) == repr(confirm(changed.text, LOCK, {"p1", "p2"}))
+
+
+def test_a_block_nested_past_the_recursion_limit_is_refused_with_its_reason():
+    good = text()
+    for block in ("- " * 3000 + "x", "[" * 3000 + "]" * 3000, "a: " * 3000 + "x"):
+        doc = good[:good.index("## Events")] + "## Events\n```yaml\n" + block + "\n```\n"
+        refusal = confirm(doc, LOCK, {"p1"}).refusal
+        assert refusal is not None and refusal.startswith("format: the block under '## Events'"), refusal
+    front = "---\nkind: probe_transcript\nx: " + "[" * 3000 + "]" * 3000 + "\n---\n"
+    assert confirm(front + good.split("---\n", 2)[2], LOCK, {"p1"}).refusal == "format: the front matter is nested too deeply to read"
