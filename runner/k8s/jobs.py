@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from runner.errors import UserError
 from runner.k8s import names
+from runner.k8s.manifests import container_security
 from runner.settings import Settings
 
 TRANSFORM_COMPONENT = "transform"
@@ -124,14 +125,7 @@ def _runner_job(settings: Settings, campaign: str, action: str, component: str, 
                 "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
                 "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},
             },
-            "securityContext": {
-                "runAsNonRoot": True,
-                "readOnlyRootFilesystem": True,
-                "allowPrivilegeEscalation": False,
-                "privileged": False,
-                "capabilities": {"drop": ["ALL"]},
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
+            "securityContext": container_security(),
             "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
         }],
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}}],

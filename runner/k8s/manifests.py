@@ -47,10 +47,11 @@ def pod_name(campaign: str, probe: str, session: str, attempt: int) -> str:
     return names.object_name(campaign, probe, session, attempt)
 
 
-def _container_security(uid: int) -> dict:
+def container_security(uid: int | None = None) -> dict:
+    """The securityContext of every container we run (session pods, campaign and transform Jobs);
+    ``uid`` where the container's user is not the pod's."""
     return {
-        "runAsUser": uid,
-        "runAsGroup": uid,
+        **({"runAsUser": uid, "runAsGroup": uid} if uid is not None else {}),
         "runAsNonRoot": True,
         "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False,
@@ -147,7 +148,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                     "PROBE_HARNESS_UID": str(k.harness_uid),
                 }),
                 "resources": READER_RESOURCES,
-                "securityContext": _container_security(k.reader_uid),
+                "securityContext": container_security(k.reader_uid),
                 "volumeMounts": [
                     {"name": "capture", "mountPath": CAPTURE_DIR},
                     {"name": "socket", "mountPath": SOCKET_DIR},
@@ -166,7 +167,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                     "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
                     "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},
                 },
-                "securityContext": _container_security(k.harness_uid),
+                "securityContext": container_security(k.harness_uid),
                 "volumeMounts": harness_mounts,
             },
         ],
