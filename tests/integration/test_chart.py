@@ -117,8 +117,8 @@ def test_helm_lint(values):
 def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
     objs = render(values)
     kinds = sorted(o["kind"] for o in objs)
-    expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "Role", "RoleBinding",
-                "Service", "ServiceAccount", "ServiceAccount"]
+    expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget",
+                "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceAccount"]
     v = values_of(values)
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
                            + (["Job"] if v["transformJob"]["campaign"] else []))
@@ -145,6 +145,7 @@ def test_the_controller_job_submit_builds_is_valid_against_the_kubernetes_schema
     (("bucket.endpoint_url=http://minio:9000",), "at '/bucket': additional properties 'endpoint_url' not allowed"),
     (("replicas=3",), "additional properties 'replicas' not allowed"),
     (("egressProxy.port=70000",), "at '/egressProxy/port': maximum: got 70,000, want 65,535"),
+    (("egressProxy.maxUnavailable=0",), "at '/egressProxy/maxUnavailable': minimum: got 0, want 1"),
     (("bucket.store=file:///srv/runs",), "at '/bucket/store'"),
     (("images.pullPolicy=Sometimes",), "at '/images/pullPolicy'"),
     (("provider.baseUrl=http://api.anthropic.com",), "at '/provider/baseUrl'"),
@@ -345,6 +346,16 @@ def test_proxy_pods_are_hardened_and_mount_no_token(values):
     session = by_kind(objs, "NetworkPolicy")[names.object_name("probe-runner", "session", "policy")]["spec"]
     assert session["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in session
     assert not by_kind(objs, "ClusterRole") and not by_kind(objs, "ClusterRoleBinding")
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_a_drain_takes_at_most_max_unavailable_proxy_pods(values):
+    objs = render(values)
+    proxy = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]
+    budget = by_kind(objs, "PodDisruptionBudget")["probe-runner-egress-proxy"]["spec"]
+    assert budget == {"maxUnavailable": values_of(values)["egressProxy"]["maxUnavailable"],
+                      "selector": {"matchLabels": proxy["spec"]["selector"]["matchLabels"]}}
+    assert proxy["spec"]["replicas"] == 1 or budget["maxUnavailable"] < proxy["spec"]["replicas"]  # one stays up
 
 
 def test_notes_say_how_to_submit_and_pull_with_this_install():
