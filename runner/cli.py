@@ -12,6 +12,7 @@ import hashlib
 import json
 import sys
 import time
+from decimal import Decimal
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def _print_report(store, plan, report, out=sys.stdout) -> int:
         if arm.key:
             print(f"transcript {plan.tier.value}-{arm.arm}: {store.uri}/{arm.key} ({arm.events} events)", file=out)
     print(f"refusals: {store.uri}/{layout.refusals_key(plan.campaign)}", file=out)
-    print(f"realized cost: ${report.cost_usd}", file=out)
+    print(f"realized cost: {_dollars(report.cost_usd)}", file=out)
     if report.refusals:
         print("\nrefused:", file=out)
         for r in report.refusals:
@@ -276,11 +277,17 @@ def campaign_status(store, plan, costs: dict) -> dict:
             "sessions": counts, "cost_usd": str(cost), "refusals": refusals}
 
 
+def _dollars(amount: object) -> str:
+    """A cost for people to read, to the hundredth of a cent; the exact sum stays in the records
+    (status --json, the transcript's cost_cents) where the CLI's float artefacts are kept."""
+    return f"${Decimal(str(amount)):.4f}"
+
+
 def _status_line(st: dict, width: int = 24) -> str:
     done = width * st["final"] // st["total"] if st["total"] else width
     running = st["sessions"].get("started", 0)
     return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running, "
-            f"cost ${st['cost_usd']}, refusals {len(st['refusals'])}")
+            f"cost {_dollars(st['cost_usd'])}, refusals {len(st['refusals'])}")
 
 
 def cmd_status(args, settings: Settings) -> int:
@@ -312,7 +319,7 @@ def cmd_status(args, settings: Settings) -> int:
     print(f"campaign {plan.campaign}: {st['total']} sessions")
     for k in sorted(st["sessions"]):
         print(f"  {k}: {st['sessions'][k]}")
-    print(f"cost so far: ${st['cost_usd']} (as the captured streams state it)")
+    print(f"cost so far: {_dollars(st['cost_usd'])} (as the captured streams state it)")
     print(f"refusals: {len(st['refusals'])}")
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 import os
 import subprocess
 import sys
@@ -77,6 +78,10 @@ def test_run_continues_and_never_repeats_a_session(tmp_path, env, scripted_provi
     assert "transcript campaign-present" in second.stdout
     status = cli("status", "demo", "--json", env=env)
     assert json.loads(status.stdout)["sessions"] == {"succeeded": 8}
+    # people read the cost to the hundredth of a cent; --json keeps the exact sum of the streams
+    exact = Decimal(json.loads(status.stdout)["cost_usd"])
+    assert f"realized cost: ${exact:.4f}\n" in second.stdout
+    assert f"cost so far: ${exact:.4f} " in cli("status", "demo", env=env).stdout
     verify = cli("ledger", "verify", "demo", env=env)
     assert verify.returncode == 0 and "chain verifies" in verify.stdout
     pulled = cli("pull", "demo", "--dest", str(tmp_path / "out"), env=env)
