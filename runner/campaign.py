@@ -24,7 +24,7 @@ from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.testonly_killpoints import kill_point
-from runner.throttle import Backoff, Signals, observe
+from runner.throttle import Backoff, Halted, Signals, observe
 from runner.transform import written_paths
 
 
@@ -182,13 +182,22 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
         if backoff is not None and not adopt:
-            backoff.wait()
+            try:
+                backoff.wait()
+            except Halted as e:  # nothing is journaled: the next run starts it
+                progress.session(spec, f"not started ({e})", None)
+                return
         signals = Signals()
         status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced,
                                adopt, signals)
         report.ran.append(spec.key)
         progress.session(spec, status, cost)
         if backoff is not None and status in ("succeeded", "failed"):
+            if signals.refused is not None:
+                progress.note(f"the provider refused the key with HTTP {signals.refused} in {spec.key}: no further "
+                              f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
+                              f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
+                              f"failed on it")
             pause = backoff.record(signals)
             if pause > 0:
                 progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
@@ -264,10 +273,13 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
         record["driver_produced"] = list(produced)
         store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
         parsed = parsed_stream()
-        status = "failed" if record["timed_out"] else "succeeded"
+        refused = signals.refused if signals is not None else None
+        status = "failed" if record["timed_out"] or refused is not None else "succeeded"
+        detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
+        if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
+            detail["reason"] = f"the provider refused the key with HTTP {refused}"
         kill_point("before-outcome")
-        ledger.outcome(spec.key, attempt, status, {"stream": record["stream"], "exit_code": record["exit_code"],
-                                                    "timed_out": record["timed_out"]})
+        ledger.outcome(spec.key, attempt, status, detail)
         _finish(executor, keys)
         return status, parsed.cost_usd
     finally:

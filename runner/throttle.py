@@ -9,6 +9,13 @@ read) and holds back the *next* session starts: the pause doubles with every thr
 (from ``base`` up to ``ceiling``), follows the provider's own ``resetsAt`` where it gives one
 (still capped by ``ceiling``), and ends after the first session that ran clean. Sessions that
 already run are never touched.
+
+A provider that refuses the key (401, or 403 for a key without the permission) refuses every
+session, and the CLI retries it as it retries throttling (2.1.197: ten ``api_retry`` lines with
+``error_status`` 401 and ``error`` ``authentication_failed``, about three minutes a session). So
+the first stream that shows it halts the gate: no further session is started (nothing journaled,
+nothing spent), and ``run`` reports them as not started, to be started by running the campaign
+again once the key is fixed.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 
 _THROTTLE_STATUSES = {429, 529}
 _THROTTLE_ERRORS = {"rate_limit", "overloaded"}
+_REFUSED_STATUSES = {401, 403}
 
 
 @dataclass
@@ -30,6 +38,7 @@ class Signals:
     retries: int = 0  # system/api_retry lines caused by 429/529
     rejected: bool = False  # a rate_limit_event with status rejected, or a result failed by 429/529
     resets_at: float | None = None  # the provider's reset time (epoch seconds), where given
+    refused: int | None = None  # 401 or 403: the provider refused the key, in a retry or the result
 
     @property
     def throttled(self) -> bool:
@@ -56,6 +65,8 @@ def _note(raw: bytes, s: Signals) -> None:
     if kind == "system" and line.get("subtype") == "api_retry":
         if line.get("error_status") in _THROTTLE_STATUSES or line.get("error") in _THROTTLE_ERRORS:
             s.retries += 1
+        elif line.get("error_status") in _REFUSED_STATUSES:
+            s.refused = line["error_status"]
     elif kind == "rate_limit_event":
         info = line.get("rate_limit_info")
         if isinstance(info, dict) and info.get("status") == "rejected":
@@ -65,6 +76,12 @@ def _note(raw: bytes, s: Signals) -> None:
                 s.resets_at = max(s.resets_at or 0.0, float(resets))
     elif kind == "result" and line.get("api_error_status") in _THROTTLE_STATUSES:
         s.rejected = True
+    elif kind == "result" and line.get("api_error_status") in _REFUSED_STATUSES:
+        s.refused = line["api_error_status"]
+
+
+class Halted(Exception):
+    """Session starts are halted for the rest of this run; the message says why."""
 
 
 @dataclass
@@ -78,11 +95,14 @@ class Backoff:
     sleep: Callable[[float], None] = time.sleep
     not_before: float = 0.0
     pause: float = 0.0  # the current pause; 0 when the last session ran clean
+    halted: str | None = None  # why no session may start any more in this run
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, signals: Signals) -> float:
         """Take one finished session's signals; return the pause now in force (seconds)."""
         with self._lock:
+            if signals.refused is not None and self.halted is None:
+                self.halted = f"the provider refused the key with HTTP {signals.refused} in an earlier session"
             if not signals.throttled:
                 self.pause = 0.0
                 return 0.0
@@ -95,11 +115,14 @@ class Backoff:
             return self.not_before - now
 
     def wait(self) -> float:
-        """Block until session starts are allowed again; return the seconds waited."""
+        """Block until session starts are allowed again; return the seconds waited. Raises
+        Halted once a session showed that the provider refuses the key."""
         waited = 0.0
         while True:
             with self._lock:
                 left = self.not_before - self.clock()
+                if self.halted is not None:
+                    raise Halted(self.halted)
             if left <= 0:
                 return waited
             self.sleep(min(left, 5.0))

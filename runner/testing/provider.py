@@ -32,10 +32,10 @@ an ``error`` (HTTP ``status``, Anthropic error ``type`` (default from the status
 ``message``, optional ``retry_after`` seconds sent as a ``retry-after`` header, answered
 ``times`` times, default 1). A tool use may name its ``id``; otherwise one is generated.
 
-What the CLI does with an error turn (2.1.197, observed): 408/409/429/5xx are retried, each
-retry announced by a ``system/api_retry`` line (``attempt``, ``max_retries``,
-``retry_delay_ms``, ``error_status``, ``error``: ``rate_limit``/``overloaded``/
-``server_error``). The delay is ``500 ms * 2**(attempt-1)`` (capped at 32 s) plus up to 25 %
+What the CLI does with an error turn (2.1.197, observed): 401, 408/409/429/5xx are retried,
+each retry announced by a ``system/api_retry`` line (``attempt``, ``max_retries``,
+``retry_delay_ms``, ``error_status``, ``error``: ``authentication_failed``/``rate_limit``/
+``overloaded``/``server_error``). The delay is ``500 ms * 2**(attempt-1)`` (capped at 32 s) plus up to 25 %
 jitter; ``retry-after`` can only lengthen it. ``CLAUDE_CODE_MAX_RETRIES`` sets the budget
 (default 10, at most 15); three 529s in a row end the call whatever the budget. A call that
 stays failed ends the session with a ``<synthetic>`` assistant message and a result line of

@@ -47,3 +47,37 @@ def test_throttled_session_pauses_the_next_start(scripted_provider, claude_comma
     assert first_done["status"] == "succeeded"
     assert _at(second_intent) - _at(first_done) >= 2.9
     assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
+
+
+REFUSED = {"scenarios": [{"name": "refused", "turns": [
+    {"error": {"status": 401, "type": "authentication_error", "message": "invalid x-api-key"}, "times": 99},
+]}]}
+
+
+def test_refused_credentials_stop_new_session_starts(scripted_provider, claude_command, tmp_path):
+    """A provider that refuses the key refuses every session: the first one says so in its
+    stream (the CLI retries the 401 as it retries throttling), it is recorded as failed so that
+    it can be resumed, and no other session is started (nothing journaled, nothing spent)."""
+    provider = scripted_provider(REFUSED)
+    data = json.loads(demo.PLAN.read_text())
+    data.update(campaign="refused", arms=["present"], repetitions=3, probes=data["probes"][:1])
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(data))
+    store = (tmp_path / "store").as_uri()
+    env = {**os.environ, "RUNNER_STORE": store, "RUNNER_PROVIDER__BASE_URL": provider.base_url,
+           "RUNNER_PROVIDER__API_KEY": "wrong", "RUNNER_HARNESS__COMMAND": claude_command[0],
+           "RUNNER_HARNESS__ENV": json.dumps({"CLAUDE_CODE_MAX_RETRIES": "1"}),  # one retry, not ten over 3 min
+           "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work")}
+    proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(demo.CORPUS),
+                           "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 1, proc.stderr + proc.stdout
+    assert "the provider refused the key with HTTP 401 in HW-PRB-0007/present-001: no further session is started" in proc.stderr
+    assert proc.stderr.count("not started (the provider refused the key with HTTP 401 in an earlier session)") == 2, proc.stderr
+    assert "not started: 2 session(s)" in proc.stderr and "Traceback" not in proc.stderr
+    ledger = Ledger(open_store(store), "refused")
+    states = ledger.sessions()
+    assert set(states) == {"HW-PRB-0007/present-001"}  # the others were never journaled
+    assert states["HW-PRB-0007/present-001"].status == "failed"
+    outcome = next(e for e in ledger.entries if e["type"] == "outcome")
+    assert outcome["detail"]["reason"] == "the provider refused the key with HTTP 401"
+    assert len(provider.main_loop_requests()) == 2  # the first session's call and its one retry, nothing else

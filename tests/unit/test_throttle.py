@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from runner.throttle import Backoff, Signals, observe
+import pytest
+
+from runner.throttle import Backoff, Halted, Signals, observe
 
 
 def _lines(*objs) -> list[bytes]:
@@ -71,3 +73,25 @@ def test_provider_reset_time_is_followed_but_capped():
     assert b2.record(Signals(rejected=True, resets_at=c.t + 3600)) == 60
     b3 = Backoff(base=5, ceiling=60, clock=c, sleep=c.sleep)
     assert b3.record(Signals(rejected=True, resets_at=c.t - 100)) == 5  # a reset time in the past: the base pause
+
+
+def test_a_refused_key_is_noted_from_a_retry_or_the_result_and_is_not_throttling():
+    for line in ({"type": "system", "subtype": "api_retry", "attempt": 1, "error_status": 401, "error": "authentication_failed"},
+                 {"type": "result", "subtype": "success", "is_error": True, "api_error_status": 403}):
+        s = Signals()
+        list(observe(_lines({"type": "system", "subtype": "init"}, line), s))
+        assert s.refused == line.get("error_status", line.get("api_error_status")) and not s.throttled
+    s = Signals()
+    list(observe(_lines({"type": "system", "subtype": "api_retry", "error_status": 500, "error": "server_error"}), s))
+    assert s.refused is None
+
+
+def test_a_refused_key_halts_every_later_start_even_after_a_clean_session():
+    gate = Backoff(base=30, ceiling=300, clock=lambda: 0.0, sleep=lambda _: pytest.fail("a halted gate does not wait"))
+    assert gate.wait() == 0.0
+    assert gate.record(Signals(refused=401)) == 0.0  # no pause: a halt
+    gate.record(Signals())
+    for _ in range(2):
+        with pytest.raises(Halted, match="the provider refused the key with HTTP 401 in an earlier session"):
+            gate.wait()
+
