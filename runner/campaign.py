@@ -145,6 +145,7 @@ class RunReport:
     ran: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # session -> status it already had
     interrupted: list[str] = field(default_factory=list)
+    halted: str | None = None  # why session starts stopped (a refused key), or None
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path, concurrency: int,
@@ -206,6 +207,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for f in [pool.submit(one, item) for item in todo]:
             f.result()
+    report.halted = backoff.halted if backoff is not None else None
     return report
 
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from runner import __version__, layout
-from runner.errors import EXIT_CONFINEMENT, UserError
+from runner.errors import EXIT_CONFINEMENT, EXIT_USAGE, UserError
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
@@ -206,7 +206,11 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
             print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
         job = run_job(store, plan)
-    return _print_report(store, plan, job)
+    code = _print_report(store, plan, job)
+    if report.halted:  # a setting to fix, not a run to retry: a Job fails at once on 2
+        print(f"halted: {report.halted}; fix the provider's key, then run again", file=sys.stderr)
+        return EXIT_USAGE
+    return code
 
 
 def cmd_controller(args, settings: Settings) -> int:
