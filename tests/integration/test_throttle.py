@@ -27,18 +27,24 @@ def _at(entry: dict) -> float:
     return datetime.fromisoformat(entry["at"].replace("Z", "+00:00")).timestamp()
 
 
-def test_throttled_session_pauses_the_next_start(scripted_provider, claude_command, tmp_path):
-    provider = scripted_provider(SCENARIO)
+def _run(campaign: str, repetitions: int, provider, claude_command, tmp_path, **settings: str):
+    """``probe-runner run`` of the demo's first probe, present arm, one session at a time, against
+    the scripted provider; returns the process and the store's URI."""
     data = json.loads(demo.PLAN.read_text())
-    data.update(campaign="throttle", arms=["present"], repetitions=2, probes=data["probes"][:1])
+    data.update(campaign=campaign, arms=["present"], repetitions=repetitions, probes=data["probes"][:1])
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(data))
     store = (tmp_path / "store").as_uri()
     env = {**os.environ, "RUNNER_STORE": store, "RUNNER_PROVIDER__BASE_URL": provider.base_url,
            "RUNNER_PROVIDER__API_KEY": "k", "RUNNER_HARNESS__COMMAND": claude_command[0],
-           "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"), "RUNNER_THROTTLE__BASE_SECONDS": "3"}
+           "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"), **settings}
     proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(demo.CORPUS),
                            "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=180)
+    return proc, store
+
+
+def test_throttled_session_pauses_the_next_start(scripted_provider, claude_command, tmp_path):
+    proc, store = _run("throttle", 2, scripted_provider(SCENARIO), claude_command, tmp_path, RUNNER_THROTTLE__BASE_SECONDS="3")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     assert "provider throttling in HW-PRB-0007/present-001 (1 retries): new sessions wait 3 s" in proc.stderr, proc.stderr
     ledger = Ledger(open_store(store), "throttle")
@@ -59,17 +65,8 @@ def test_refused_credentials_stop_new_session_starts(scripted_provider, claude_c
     stream (the CLI retries the 401 as it retries throttling), it is recorded as failed so that
     it can be resumed, and no other session is started (nothing journaled, nothing spent)."""
     provider = scripted_provider(REFUSED)
-    data = json.loads(demo.PLAN.read_text())
-    data.update(campaign="refused", arms=["present"], repetitions=3, probes=data["probes"][:1])
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(data))
-    store = (tmp_path / "store").as_uri()
-    env = {**os.environ, "RUNNER_STORE": store, "RUNNER_PROVIDER__BASE_URL": provider.base_url,
-           "RUNNER_PROVIDER__API_KEY": "wrong", "RUNNER_HARNESS__COMMAND": claude_command[0],
-           "RUNNER_HARNESS__ENV": json.dumps({"CLAUDE_CODE_MAX_RETRIES": "1"}),  # one retry, not ten over 3 min
-           "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work")}
-    proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(demo.CORPUS),
-                           "--concurrency", "1"], env=env, capture_output=True, text=True, timeout=180)
+    proc, store = _run("refused", 3, provider, claude_command, tmp_path,  # one retry, not ten over 3 min:
+                       RUNNER_HARNESS__ENV=json.dumps({"CLAUDE_CODE_MAX_RETRIES": "1"}))
     assert proc.returncode == 2, proc.stderr + proc.stdout  # a setting to fix: a controller Job fails at once
     assert "halted: the provider refused the key with HTTP 401 in an earlier session" in proc.stderr
     assert "the provider refused the key with HTTP 401 in HW-PRB-0007/present-001: no further session is started" in proc.stderr
