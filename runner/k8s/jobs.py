@@ -67,7 +67,10 @@ def install_settings(config_map: dict[str, str], local: Settings, where: str = "
         node = merged
         for part in path:
             node = node.setdefault(part, {})
-        node[leaf] = json.loads(value) if value[:1] in "[{" else value
+        try:
+            node[leaf] = json.loads(value) if value.startswith(("[", "{")) else value
+        except ValueError:
+            raise UserError(f"{where}: {key} is not JSON: {value[:80]}") from None
     try:
         return Settings(**merged)
     except ValidationError as e:

@@ -120,3 +120,7 @@ def test_install_settings_name_a_bad_config_map_in_one_line():
 
     with pytest.raises(UserError, match=r"^ConfigMap p/x: concurrency: Input should be a valid integer"):
         jobs.install_settings({"RUNNER_CONCURRENCY": "many"}, Settings(store="s3://b/p"), "ConfigMap p/x")
+    with pytest.raises(UserError, match=r"^ConfigMap p/x: RUNNER_KUBE__NODE_SELECTOR is not JSON: \{pool: probes$"):
+        jobs.install_settings({"RUNNER_KUBE__NODE_SELECTOR": "{pool: probes"}, Settings(store="s3://b/p"), "ConfigMap p/x")
+    # an empty entry is an empty string, as in the environment, not a JSON document
+    assert jobs.install_settings({"RUNNER_KUBE__STORE_SECRET": ""}, Settings(store="s3://b/p")).kube.store_secret == ""
