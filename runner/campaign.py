@@ -24,7 +24,7 @@ from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.testonly_killpoints import kill_point
-from runner.throttle import Backoff, Halted, Signals, observe
+from runner.throttle import Backoff, Halted, Signals, observe, refused_key
 from runner.transform import written_paths
 
 
@@ -195,7 +195,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
         progress.session(spec, status, cost)
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
-                progress.note(f"the provider refused the key with HTTP {signals.refused} in {spec.key}: no further "
+                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
                               f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
                               f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
                               f"failed on it")
@@ -279,7 +279,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
         status = "failed" if record["timed_out"] or refused is not None else "succeeded"
         detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
         if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
-            detail["reason"] = f"the provider refused the key with HTTP {refused}"
+            detail["reason"] = refused_key(refused)
         kill_point("before-outcome")
         ledger.outcome(spec.key, attempt, status, detail)
         _finish(executor, keys)

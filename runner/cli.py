@@ -12,8 +12,8 @@ import hashlib
 import json
 import sys
 import time
-from decimal import Decimal
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 
 from runner import __version__, layout

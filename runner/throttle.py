@@ -74,10 +74,17 @@ def _note(raw: bytes, s: Signals) -> None:
             resets = info.get("resetsAt")
             if isinstance(resets, (int, float)) and not isinstance(resets, bool):
                 s.resets_at = max(s.resets_at or 0.0, float(resets))
-    elif kind == "result" and line.get("api_error_status") in _THROTTLE_STATUSES:
-        s.rejected = True
-    elif kind == "result" and line.get("api_error_status") in _REFUSED_STATUSES:
-        s.refused = line["api_error_status"]
+    elif kind == "result":
+        status = line.get("api_error_status")
+        if status in _THROTTLE_STATUSES:
+            s.rejected = True
+        elif status in _REFUSED_STATUSES:
+            s.refused = status
+
+
+def refused_key(status: int) -> str:
+    """How a refused key is stated: in the ledger's outcome, the run's progress and its halt."""
+    return f"the provider refused the key with HTTP {status}"
 
 
 class Halted(Exception):
@@ -102,7 +109,7 @@ class Backoff:
         """Take one finished session's signals; return the pause now in force (seconds)."""
         with self._lock:
             if signals.refused is not None and self.halted is None:
-                self.halted = f"the provider refused the key with HTTP {signals.refused} in an earlier session"
+                self.halted = f"{refused_key(signals.refused)} in an earlier session"
             if not signals.throttled:
                 self.pause = 0.0
                 return 0.0
