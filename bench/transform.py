@@ -190,26 +190,24 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _parse_every_line(files: list[Path], loads) -> int:
+    n = 0
+    for path in files:
+        with open(path, "rb") as f:
+            for line in f:
+                loads(line)
+                n += 1
+    return n
+
+
 def floor(files: list[Path]) -> int:
     import orjson
 
-    n = 0
-    for path in files:
-        with open(path, "rb") as f:
-            for line in f:
-                orjson.loads(line)
-                n += 1
-    return n
+    return _parse_every_line(files, orjson.loads)
 
 
 def stdlib(files: list[Path]) -> int:
-    n = 0
-    for path in files:
-        with open(path, "rb") as f:
-            for line in f:
-                json.loads(line)
-                n += 1
-    return n
+    return _parse_every_line(files, json.loads)
 
 
 def full_transform(files: list[Path]) -> dict:
