@@ -219,12 +219,14 @@ def full_transform(files: list[Path]) -> dict:
     from runner.transform import SessionFacts, result_needed, transform
 
     manifest = {f"docs/decisions/HW-DR-{k:04d}.md": LOCK for k in range(10000)}
+    IDENTIFIERS = frozenset(f"HW-DR-{k:04d}" for k in range(10000))  # the corpus the manifest stands for
     note = b"A note that cites HW-DR-0052 and HW-DR-0041.\n"
     ident = re.compile(r"HW-[A-Z]+-[0-9]{4}")
     events = []
     for k, path in enumerate(files):
         facts = SessionFacts(probe="HW-PRB-0007", session=f"present-{k % 999 + 1:03d}", workspace=WORKSPACE,
-                             config_dir=CONFIG, manifest=manifest, final_file=lambda rel: note)
+                             config_dir=CONFIG, manifest=manifest, final_file=lambda rel: note,
+                             identifiers=IDENTIFIERS)
         with open(path, "rb") as f:
             parsed = stream.parse(f, result_needed(facts))
         out = transform(parsed, facts, ["current HW-DR-0052", "superseded HW-DR-0052"], ident)

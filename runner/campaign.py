@@ -25,7 +25,7 @@ from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.testonly_killpoints import kill_point
 from runner.throttle import Backoff, Halted, Signals, observe, refused_key
-from runner.transform import written_paths
+from runner.transform import corpus_identifiers, written_paths
 
 
 def store_plan(store: Store, plan: Plan) -> None:
@@ -76,6 +76,40 @@ def corpus_fingerprint_of_archive(data: bytes) -> str:
     with tempfile.TemporaryDirectory() as d:
         _unpack(data, Path(d) / "corpus")  # _unpack makes its directory: a fresh one inside the temp dir
         return corpus_fingerprint(Path(d) / "corpus")
+
+
+def _corpus_texts(corpus: Path):
+    """Each file's corpus path and text (.git excluded), for the identifiers the corpus carries."""
+    for p in sorted(corpus.rglob("*")):
+        rel = p.relative_to(corpus)
+        if rel.parts[0] == ".git":
+            continue
+        yield rel.as_posix()
+        if p.is_file() and not p.is_symlink():
+            yield p.read_bytes().decode("utf-8", "replace")
+
+
+def store_identifiers(store: Store, plan: Plan, corpus: Path) -> frozenset[str]:
+    """The identifiers of the corpus the campaign runs over (every token-bounded match of the
+    plan's identifier pattern in its paths and text), create-only beside the plan: the transform
+    cites only these, the same set for every probe, and it reads no corpus to find them."""
+    found = corpus_identifiers(_corpus_texts(corpus), plan.identifier_re)
+    data = json.dumps({"identifier_pattern": plan.identifier_pattern, "identifiers": sorted(found)}, indent=0).encode()
+    try:
+        store.put(layout.identifiers_key(plan.campaign), data, create_only=True)
+    except AlreadyExists:
+        if store.get(layout.identifiers_key(plan.campaign)) != data:
+            raise UserError(f"campaign {plan.campaign!r} exists in {store.uri} over a corpus with other identifiers; "
+                            "a campaign is bound to one corpus: choose a new campaign name") from None
+    return found
+
+
+def load_identifiers(store: Store, campaign: str) -> frozenset[str]:
+    key = layout.identifiers_key(campaign)
+    if not store.exists(key):
+        raise UserError(f"campaign {campaign!r} in {store.uri} has no {key}: `probe-runner run` writes it "
+                        "from the corpus before the first session")
+    return frozenset(json.loads(store.get(key))["identifiers"])
 
 
 def fetch_corpus(store: Store, campaign: str, dest: Path) -> Path:
@@ -154,6 +188,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
     starts while the provider throttles (see runner/throttle.py)."""
     store_plan(store, plan)
+    store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
     corpus_digest = corpus_fingerprint(corpus)
     states = ledger.sessions()

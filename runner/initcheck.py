@@ -11,6 +11,7 @@ session's configuration directory. A missing init line is the stream parser's re
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -23,8 +24,10 @@ class InitContext:
 
 
 def _inside(path: str, directory: str) -> bool:
-    p, d = PurePosixPath(path), PurePosixPath(directory)
-    return p == d or d in p.parents
+    """Whether ``path`` lies in ``directory`` once ``.`` and ``..`` are resolved (lexically: the
+    path is the session's, not the host's); a relative path is not inside anything."""
+    p, d = PurePosixPath(posixpath.normpath(path)), PurePosixPath(posixpath.normpath(directory))
+    return p.is_absolute() and (p == d or d in p.parents)
 
 
 def _named(item: object, key: str = "name") -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from runner import layout, stream
+from runner.campaign import load_identifiers
 from runner.intake import confirm_rendered
 from runner.ledger import Ledger
 from runner.plan import Plan
@@ -65,10 +66,12 @@ def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]):
     return read
 
 
-def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys) -> tuple[SessionOutcome, dict]:
+def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys,
+                      identifiers: frozenset[str]) -> tuple[SessionOutcome, dict]:
     capture = json.loads(store.get(keys.capture))
     sealed = json.loads(store.get(keys.seal))
     arts = capture.get("artifacts") or {}
+    timed_out = bool(capture.get("timed_out"))
     facts = SessionFacts(
         probe=keys.probe,
         session=keys.session,
@@ -76,16 +79,31 @@ def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys) -> tup
         config_dir=capture["config_dir"],
         manifest=sealed["manifest"],
         final_file=_final_file(store, keys, set(arts.get("stored", []))),
+        identifiers=identifiers,
         artifacts_collected=bool(capture.get("artifacts")),
+        links=arts.get("links") or {},
+        timed_out=timed_out,
         driver_produced=capture.get("driver_produced", []),
         declared_mcp_servers=frozenset(sealed.get("mcp_servers", [])),
         host_skills=frozenset(capture.get("host_skills", [])),
     )
-    parsed = stream.parse(store.iter_lines(keys.stream), result_needed(facts))
-    if capture.get("timed_out"):
-        parsed.problems.append("the session was killed at the time limit")
+    parsed = stream.parse(store.iter_lines(keys.stream), result_needed(facts), ended_by_driver=timed_out)
     probe = plan.probe(keys.probe)
     return transform(parsed, facts, probe.answers, plan.identifier_re), capture
+
+
+def _not_recorded(status: str, st) -> str:
+    """Why a session has no event, as precisely as its ledger entry says."""
+    reason = st.detail.get("reason") if st else None
+    if reason:
+        return f"{status}: {reason}"
+    return {
+        "pending": "the session has not run",
+        "intended": "journaled but never started (nothing was spent); the next run starts it",
+        "started": "interrupted: the session may or may not have executed (ledger recover settles it)",
+        "interrupted": "interrupted: the session may or may not have executed",
+        "cancelled": "cancelled with ledger cancel",
+    }.get(status, f"{status} (exit status {st.detail.get('exit_code')})" if st and "exit_code" in st.detail else status)
 
 
 def _cents(total: Decimal) -> int:
@@ -110,6 +128,11 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
         prose.append(f"Sessions named {sum(n for _, n in outside)} paths outside the workspace in all ({detail}).")
     else:
         prose.append("No session named a path outside the workspace.")
+    limited = [o for o in outcomes if o.timed_out and o.event is not None]
+    if limited:
+        prose.append(f"The time limit ended {len(limited)} session(s) before the harness finished "
+                     f"({', '.join(f'{o.probe} {o.session}' for o in limited)}): each is recorded with the calls "
+                     f"it made until then and answer null, and states no cost of its own.")
     known = sum(1 for o in outcomes if o.cost_usd is not None)
     prose.append(
         f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused "
@@ -131,22 +154,20 @@ def _served_version(plan: Plan, outcomes: list[SessionOutcome]) -> str:
 def run_job(store: Store, plan: Plan) -> JobReport:
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
+    identifiers = load_identifiers(store, plan.campaign)
     report = JobReport()
     by_arm: dict[str, list] = {arm.value: [] for arm in plan.arms}
     for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
-        if status != "succeeded":
-            detail = (st.detail.get("reason") if st else None) or {
-                "pending": "the session has not run",
-                "started": "interrupted: the session may or may not have executed",
-            }.get(status, status)
+        # A session the time limit ended was watched until then: recorded with what it showed.
+        if status != "succeeded" and not (status == "failed" and st.detail.get("timed_out")):
             report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
-                                    "arm": spec.arm, "status": status, "reason": f"not recorded: {detail}"})
+                                    "arm": spec.arm, "status": status, "reason": f"not recorded: {_not_recorded(status, st)}"})
             by_arm[spec.arm].append(None)
             continue
         keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt)
-        outcome, capture = transform_session(store, plan, keys)
+        outcome, capture = transform_session(store, plan, keys, identifiers)
         for reason in outcome.refusals:
             report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
                                     "arm": spec.arm, "status": "refused", "reason": reason})

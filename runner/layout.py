@@ -21,6 +21,11 @@ def corpus_key(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/corpus.tar.gz"
 
 
+def identifiers_key(campaign: str) -> str:
+    """The identifiers of the corpus the campaign ran over: what ``cites`` may name."""
+    return f"{campaign_prefix(campaign)}/identifiers.json"
+
+
 def ledger_prefix(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/ledger/"
 

@@ -35,25 +35,40 @@ from runner import digest
 
 _BEFORE_INIT_OK = {"system", "rate_limit_event"}
 
-# What the transform reads of a tool's input: the one input that identifies a call of each known
-# tool (any other tool's argument is its whole input as canonical JSON, because tool inputs are
-# open dicts that drift across versions), the path inputs it checks against the workspace, and a
-# Bash command. The parser keeps these and drops the rest of a known tool's input.
+# How a call of each known tool is identified (the contract's ``argument``): the input keys that
+# name what the call touched (a path, a command, a pattern with what it searched, an id or a name
+# from a closed set), in order, the first of them required. The parser keeps these, and the path
+# inputs the transform checks against the workspace, and drops the rest of the input. A call of
+# any other tool, or one whose required key is missing, is identified by the digest of its
+# canonical input (``ToolUse.identity``), never by its text: inputs of TaskCreate, SendMessage,
+# ExitPlanMode, TodoWrite, WebSearch and of tools a later CLI adds are the model's own words, and
+# "a transcript holds no model prose".
 WRITE_TOOLS = {"Write": "file_path", "Edit": "file_path", "MultiEdit": "file_path", "NotebookEdit": "notebook_path"}
 READ_TOOLS = {"Read": "file_path", "NotebookRead": "notebook_path"}
-ARGUMENT_KEYS = {
-    **WRITE_TOOLS,
-    **READ_TOOLS,
-    "LS": "path",
-    "Glob": "pattern",
-    "Grep": "pattern",
-    "Bash": "command",
-    "Task": "subagent_type",
-    "Agent": "subagent_type",
-    "Skill": "skill",
-    "WebFetch": "url",
-    "WebSearch": "query",
+SEARCH_TOOLS = {"Glob": ("pattern", "path"), "Grep": ("pattern", "path", "glob", "type")}
+ARGUMENT_KEYS: dict[str, tuple[str, ...]] = {
+    **{name: (key,) for name, key in (WRITE_TOOLS | READ_TOOLS).items()},
+    **SEARCH_TOOLS,
+    "LS": ("path",),
+    "Bash": ("command",),
+    "Task": ("subagent_type",),
+    "Agent": ("subagent_type",),
+    "Skill": ("skill",),
+    "WebFetch": ("url",),
+    "TaskGet": ("taskId",),
+    "TaskUpdate": ("taskId",),
+    "TaskOutput": ("task_id",),
+    "TaskStop": ("task_id", "shell_id"),
+    "BashOutput": ("bash_id",),
+    "KillShell": ("shell_id",),
+    "KillBash": ("shell_id",),
+    "CronDelete": ("id",),
+    "ListMcpResources": ("server",),
+    "ReadMcpResource": ("server", "uri"),
+    "ExitWorktree": ("action",),
 }
+# TaskStop names the task or, in older CLIs, the shell: either identifies it.
+_ANY_OF = {"TaskStop"}
 PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
 
 # Deeper than this, a tool input or a tool result's content is refused: canonical JSON of it is
@@ -73,6 +88,7 @@ class ToolUse:
     input: dict  # what the transform reads of it (see ARGUMENT_KEYS)
     parent: str | None  # non-null for a subagent's call
     line: int
+    identity: str | None = None  # the digest of the canonical input, where that is the argument
 
 
 @dataclass(slots=True)
@@ -81,6 +97,9 @@ class ToolResult:
     # the caller said the transform identifies the result otherwise (see parse)
     digest: str | None
     is_error: bool | None
+    # for a structured write: False where the harness's own record of the call (the user line's
+    # tool_use_result) shows it changed no byte, else None (not stated)
+    changed: bool | None = None
 
 
 @dataclass
@@ -141,6 +160,10 @@ class _Unreadable(Exception):
     """The line cannot be read; the message is the problem."""
 
 
+class _Truncated(_Unreadable):
+    """The last line ends without a newline and is not complete JSON: the stream was cut."""
+
+
 def _needs_reference(value: object, n: int) -> bool:
     """Whether ``value`` (parsed by orjson) may differ from what ``json`` reads.
 
@@ -174,7 +197,7 @@ def _reference(raw: bytes, n: int, last: bool) -> object:
         raise _Unreadable(f"line {n} is nested too deeply to read") from None
     except ValueError:
         if last and not raw.endswith(b"\n"):
-            raise _Unreadable(f"the stream is truncated: line {n} ends without a newline and is not complete JSON") from None
+            raise _Truncated(f"the stream is truncated: line {n} ends without a newline and is not complete JSON") from None
         raise _Unreadable(f"line {n} is not a JSON document") from None
 
 
@@ -203,12 +226,17 @@ def _result_cost(line: dict) -> Decimal | None:
 ResultNeeded = Callable[[ToolUse, "bool | None", list[ToolUse]], bool]
 
 
-def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None) -> ParsedStream:
+def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None, ended_by_driver: bool = False) -> ParsedStream:
     """``result_needed`` lets the transform spare the parser the digest of a result it writes as
     something else (a read of a sealed document is identified by the document's digest): encoding
-    and hashing a result costs a third of parsing its line. Without it every result is digested."""
+    and hashing a result costs a third of parsing its line. Without it every result is digested.
+
+    ``ended_by_driver``: the driver killed the harness at the session's time limit, and the stream
+    is all the harness wrote until then (the capture record says so). Its missing result line and
+    a last line cut off by the kill are then what the kill left, stated as notes; every other
+    problem still refuses the stream."""
     out = ParsedStream()
-    state = _State(set(), result_needed)
+    state = _State(set(), result_needed, ended_by_driver)
     pending = None
     n = 0
     # Look one line ahead so the last line can be told apart (a cut-off last line is truncation).
@@ -222,7 +250,9 @@ def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None) -> 
     out.lines = n
     if out.init is None:
         out.problems.append("the stream has no init line, so it does not state what the session loaded")
-    if out.result is None:
+    if out.result is None and ended_by_driver:
+        out.notes.append("the stream has no result line: the driver ended the session at its time limit")
+    elif out.result is None:
         out.problems.append("the stream has no result line: it is incomplete, whatever else it holds")
     return out
 
@@ -231,6 +261,7 @@ def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None) -> 
 class _State:
     seen_ids: set[str]
     result_needed: ResultNeeded | None
+    ended_by_driver: bool = False
 
 
 def _line(out: ParsedStream, raw: bytes, n: int, last: bool, state: _State) -> None:
@@ -238,6 +269,8 @@ def _line(out: ParsedStream, raw: bytes, n: int, last: bool, state: _State) -> N
         obj = _load(raw, n, last)
         if obj is not None:
             _dispatch(out, raw, obj, n, last, state)
+    except _Truncated as e:
+        (out.notes if state.ended_by_driver else out.problems).append(str(e))
     except _Unreadable as e:
         out.problems.append(str(e))
 
@@ -283,13 +316,14 @@ def _without_uuid(obj: dict) -> dict:
     return {k: v for k, v in obj.items() if k != "uuid"}
 
 
-def _kept_input(name: str, tinput: dict) -> dict:
-    """The part of a tool input the transform reads; all of it where the argument is all of it."""
-    key = ARGUMENT_KEYS.get(name)
-    if key is None or not isinstance(tinput.get(key), str):
-        return tinput
-    keep = (key, *PATH_INPUT_KEYS, "command") if name == "Bash" else (key, *PATH_INPUT_KEYS)
-    return {k: tinput[k] for k in keep if k in tinput}
+def _kept_input(name: str, tinput: dict) -> tuple[dict, str | None]:
+    """The part of a tool input the transform reads, and the input's identity where the call is
+    identified by it (see ARGUMENT_KEYS)."""
+    keys = ARGUMENT_KEYS.get(name)
+    if keys is not None and (any(isinstance(tinput.get(k), str) for k in keys) if name in _ANY_OF
+                             else isinstance(tinput.get(keys[0]), str)):
+        return {k: tinput[k] for k in (*keys, *PATH_INPUT_KEYS) if k in tinput}, None
+    return {k: tinput[k] for k in PATH_INPUT_KEYS if k in tinput}, digest.of_bytes(canonical(tinput))
 
 
 def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
@@ -300,7 +334,7 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, see
     content = message.get("content")
     if isinstance(content, list):
         inputs = [b.get("input") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-        if any(_needs_reference(i, n) for i in inputs if isinstance(i, dict)):
+        if any(_needs_reference(i, n) for i in inputs if isinstance(i, (dict, list))):
             obj = _reference(raw, n, last)
             message = obj["message"]
             content = message.get("content")
@@ -322,8 +356,11 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, see
             out.problems.append(f"line {n}: tool_use id {tid} appears twice")
             continue
         seen_ids.add(tid)
-        kept = _kept_input(name, tinput) if isinstance(tinput, dict) else {}
-        out.tool_uses.append(ToolUse(tid, name, kept, parent, n))
+        if isinstance(tinput, dict):
+            kept, identity = _kept_input(name, tinput)
+        else:  # not an input any tool takes: identified by what it is
+            kept, identity = {}, digest.of_bytes(canonical(tinput))
+        out.tool_uses.append(ToolUse(tid, name, kept, parent, n, identity))
 
 
 def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _State) -> None:
@@ -347,11 +384,26 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _
             continue
         is_error = block.get("is_error")
         is_error = is_error if isinstance(is_error, bool) else None
-        needed = state.result_needed is None or state.result_needed(_use(out, tid), is_error, out.tool_uses)
+        use = _use(out, tid)
+        needed = state.result_needed is None or state.result_needed(use, is_error, out.tool_uses)
         out.results[tid] = ToolResult(
             digest=digest.of_bytes(result_bytes(block.get("content"))) if needed else None,
             is_error=is_error,
+            changed=_changed(obj, len(results)) if use.name in WRITE_TOOLS and not is_error else None,
         )
+
+
+def _changed(obj: dict, results: int) -> bool | None:
+    """False where the harness's structured record of a write (``tool_use_result``, 2.x, one per
+    user line that answers one call) shows that it changed nothing: a file that existed
+    (``originalFile`` a string) and a patch with no hunk, as the CLI records a Write of the bytes
+    the file already held. None where the line does not say so."""
+    record = obj.get("tool_use_result")
+    if results != 1 or not isinstance(record, dict):
+        return None
+    if isinstance(record.get("originalFile"), str) and record.get("structuredPatch") == []:
+        return False
+    return None
 
 
 def _use(out: ParsedStream, tid: str) -> ToolUse:

@@ -9,16 +9,19 @@ no ``result`` or ``cites``; nothing checked an artifact, so no artifact has ``fi
 
 from __future__ import annotations
 
+import posixpath
 import re
+import shlex
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import PurePosixPath
-from typing import Callable
+from typing import Callable, Iterable
 
 from runner import digest
 from runner.answer import answer_of
 from runner.initcheck import InitContext, refusals
-from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse, canonical
+from runner.stream import (ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded,
+                           ToolUse)
 
 
 @dataclass
@@ -31,7 +34,10 @@ class SessionFacts:
     config_dir: str
     manifest: dict[str, str]  # relative path -> digest of the sealed bytes
     final_file: Callable[[str], bytes | None]  # bytes a workspace file held when the session ended
+    identifiers: frozenset[str]  # the identifiers of the corpus the plan was made over (see cites_of)
     artifacts_collected: bool = True
+    links: dict[str, str] = field(default_factory=dict)  # workspace links when the session ended: relative path -> target
+    timed_out: bool = False  # the driver ended the session at its time limit
     driver_produced: list[str] = field(default_factory=list)
     declared_mcp_servers: frozenset[str] = frozenset()
     host_skills: frozenset[str] = frozenset()
@@ -47,6 +53,7 @@ class SessionOutcome:
     served_models: list[str]
     outside_paths: list[str]
     notes: list[str]
+    timed_out: bool = False  # the time limit ended it: recorded as watched, without an answer
 
 
 class _Paths:
@@ -99,36 +106,101 @@ class _Paths:
         rel = self.relative(path)
         return rel if rel is not None else path
 
+    def outside(self, path: str) -> bool:
+        """Whether a path the session named resolves outside the workspace (lexically, against the
+        workspace as the session's directory); a ~ path names the home directory."""
+        return path.startswith("~") or self.relative(path) is None
+
+    def resolved(self, rel: str, links: dict[str, str]) -> str | None:
+        """The workspace path a relative path leads to through the workspace's links (each link's
+        target read against the link's own directory), or None where it leads out of the
+        workspace; at most 40 links are followed, as the kernel does."""
+        for _ in range(40):
+            parts = rel.split("/")
+            for i in range(1, len(parts) + 1):
+                head = "/".join(parts[:i])
+                if head in links:
+                    target = links[head]
+                    base = target if target.startswith("/") else posixpath.join(posixpath.dirname(head), target)
+                    joined = "/".join([base, *parts[i:]]) if parts[i:] else base
+                    rel = self.relative(joined)
+                    if rel is None:
+                        return None
+                    break
+            else:
+                return rel
+        return None
+
 
 def argument_of(use: ToolUse, paths: _Paths) -> str:
-    key = ARGUMENT_KEYS.get(use.name)
-    value = use.input.get(key) if key else None
-    if key in PATH_INPUT_KEYS and isinstance(value, str):
-        return paths.show(value)
-    if isinstance(value, str):
-        return paths.strip(value)
-    return paths.strip(canonical(use.input).decode("utf-8", "surrogatepass"))
+    """The call's identifying argument (see stream.ARGUMENT_KEYS): a path made relative to the
+    workspace, a command, a search as shell words (its pattern, what it searched, "." for the
+    workspace, and its file filter), an id or a name; for any other input its identity."""
+    if use.identity is not None:
+        return use.identity
+    keys = ARGUMENT_KEYS[use.name]
+    if use.name in SEARCH_TOOLS:
+        pattern, where, *filters = keys
+        words = [use.input[pattern], paths.show(w) if isinstance(w := use.input.get(where), str) else "."]
+        words += [f"--{k}={use.input[k]}" for k in filters if isinstance(use.input.get(k), str)]
+        return paths.strip(shlex.join(words))
+    values = [use.input[k] for k in keys if isinstance(use.input.get(k), str)]
+    if len(values) > 1:
+        return paths.strip(shlex.join(values))
+    value = values[0]
+    return paths.show(value) if keys[0] in PATH_INPUT_KEYS else paths.strip(value)
 
 
 def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
-    found: dict[str, None] = {}  # in order of first appearance
+    """Every path a call names that resolves outside the workspace, once, in order of first
+    appearance: path inputs (and a Glob pattern, which is a path with wildcards), and in a Bash
+    command every word that is a path (absolute, ~, or relative with a ``/``), an option's value
+    (``--opt=/path``), an assignment's or a redirection's target (``>/tmp/x``, ``2>>~/log``).
+    A heredoc's body is text, not a command, and is not read (the contract's grader rule)."""
+    found: dict[str, None] = {}
 
     def add(candidate: str) -> None:
-        # A ~ path names the home directory, which is never the workspace.
-        if candidate.startswith("~") or paths.relative(candidate) is None:
+        if candidate and paths.outside(candidate):
             found[candidate] = None
 
     for use in uses:
         for key in PATH_INPUT_KEYS:
             value = use.input.get(key)
-            if isinstance(value, str) and value.startswith(("/", "~")):
+            if isinstance(value, str):
                 add(value)
+        if use.name == "Glob" and isinstance(use.input.get("pattern"), str):
+            add(use.input["pattern"])
         command = use.input.get("command") if use.name == "Bash" else None
         if isinstance(command, str):
-            for word in _shell_words(command):
-                if word[:1] in ("/", "~"):
-                    add(word)
+            for word in _shell_words(_without_heredoc_bodies(command) if "<<" in command else command):
+                path = _PATH_IN_WORD.match(word).group(1)
+                if path[:1] in ("/", "~") or "/" in path or path == "..":
+                    add(path)
     return list(found)
+
+
+# The path a shell word names: after a redirection operator (``2>``, ``>>``, ``&>``, ``<``) or an
+# option's or assignment's ``name=``; a word with neither is the path itself.
+_PATH_IN_WORD = re.compile(r"(?:[0-9]*(?:&>>?|>>?&?|<>?|>\|)|-{0,2}[A-Za-z_][\w.-]*=)?(.*)", re.S)
+_HEREDOC = re.compile(r"<<-?[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|\\?([^\s;&|<>()'\"]+))")
+
+
+def _without_heredoc_bodies(command: str) -> str:
+    """The command without the bodies of its here-documents (from the line after ``<<WORD`` to
+    the line that is WORD, leading tabs too for ``<<-``); a body never closed runs to the end."""
+    out: list[str] = []
+    pending: list[tuple[str, bool]] = []
+    for line in command.split("\n"):
+        if pending:
+            word, strip_tabs = pending[0]
+            if (line.lstrip("\t") if strip_tabs else line) == word:
+                pending.pop(0)
+            continue
+        out.append(line)
+        for m in _HEREDOC.finditer(line):
+            if line[max(0, m.start() - 1):m.start()] != "<":  # <<< is a here-string, no body
+                pending.append((m.group(1) or m.group(2) or m.group(3) or "", m.group(0).startswith("<<-")))
+    return "\n".join(out)
 
 
 # A command as shlex reads it (posix, whitespace_split, comments), one word at a time: a word of
@@ -166,9 +238,39 @@ def _shell_words(command: str) -> list[str]:
     return words
 
 
-def cites_of(data: bytes, identifier: re.Pattern[str]) -> list[str]:
+def corpus_identifiers(texts: Iterable[str], identifier: re.Pattern[str]) -> frozenset[str]:
+    """The identifiers of a corpus: every token-bounded match of the plan's identifier pattern in
+    its files' paths and text, derived the same way for every probe (campaign.store_identifiers)."""
+    bounded = token_bounded(identifier)
+    return frozenset(m.group(0) for text in texts for m in bounded.finditer(text))
+
+
+def token_bounded(identifier: re.Pattern[str]) -> re.Pattern[str]:
+    """The pattern matched as a whole token: not inside a longer run of letters, digits, ``_`` or
+    ``-`` (``HW-DR-00521`` and ``XHW-DR-0007Y`` hold no ``HW-DR-0052`` or ``HW-DR-0007``)."""
+    return re.compile(r"(?<![\w-])(?:" + identifier.pattern + r")(?![\w-])", identifier.flags)
+
+
+def cites_of(data: bytes, identifier: re.Pattern[str], known: frozenset[str]) -> list[str]:
+    """The contract's cites: "every identifier of this corpus that appears in the artifact", as a
+    whole token; a token of the identifier's shape that the corpus does not carry is not cited."""
     # the whole match: findall would return a capturing group of the pattern instead
-    return sorted({m.group(0) for m in identifier.finditer(data.decode("utf-8", "replace"))})
+    return sorted({m.group(0) for m in token_bounded(identifier).finditer(data.decode("utf-8", "replace"))} & known)
+
+
+def _write_target(use: ToolUse, paths: _Paths, links: dict[str, str]) -> str | None:
+    """The workspace path a structured write changed (through the workspace's links), or None."""
+    target = use.input.get(WRITE_TOOLS.get(use.name, ""))
+    rel = paths.relative(target) if isinstance(target, str) else None
+    return paths.resolved(rel, links) if rel is not None and links else rel
+
+
+def _wrote(use: ToolUse, parsed: ParsedStream) -> bool:
+    """Whether a structured write call may have changed its file: not a call the harness answered
+    with an error (an Edit whose old_string is not there, a denied Write), nor one the harness's
+    record shows changed nothing. A call whose answer never arrived may have written."""
+    res = parsed.results.get(use.id)
+    return res is None or (not res.is_error and res.changed is not False)
 
 
 def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dict]:
@@ -182,13 +284,14 @@ def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dic
             if use.name in READ_TOOLS:
                 target = use.input.get(READ_TOOLS[use.name])
                 rel = paths.relative(target) if isinstance(target, str) else None
+                if rel is not None and facts.links:
+                    rel = paths.resolved(rel, facts.links)
             if rel is not None and rel not in written and rel in facts.manifest and not res.is_error:
                 call["result"] = facts.manifest[rel]  # the document's content digest, as the plan prints it
             else:
                 call["result"] = res.digest
-        if use.name in WRITE_TOOLS:
-            target = use.input.get(WRITE_TOOLS[use.name])
-            rel = paths.relative(target) if isinstance(target, str) else None
+        if use.name in WRITE_TOOLS and _wrote(use, parsed):
+            rel = _write_target(use, paths, facts.links)
             if rel is not None:
                 written.add(rel)
         calls.append(call)
@@ -208,21 +311,23 @@ def result_needed(facts: SessionFacts) -> ResultNeeded:
     def needed(use: ToolUse, is_error: bool | None, uses: list[ToolUse]) -> bool:
         nonlocal counted
         for seen in uses[counted:]:
-            target = seen.input.get(WRITE_TOOLS.get(seen.name, ""))
-            if isinstance(target, str) and (rel := paths.relative(target)) is not None:
+            if seen.name in WRITE_TOOLS and (rel := _write_target(seen, paths, facts.links)) is not None:
                 written.add(rel)
         counted = len(uses)
         if use.name not in READ_TOOLS or is_error:
             return True
         target = use.input.get(READ_TOOLS[use.name])
         rel = paths.relative(target) if isinstance(target, str) else None
+        if rel is not None and facts.links:
+            rel = paths.resolved(rel, facts.links)
         return rel is None or rel in written or rel not in facts.manifest
 
     return needed
 
 
 def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:
-    """Each path a structured write call names, once, in order; workspace paths made relative."""
+    """Each path a structured write call names, once, in order; workspace paths made relative.
+    (What the executors collect: a superset of what was produced, decided before the results.)"""
     paths = _Paths(workspace)
     named: list[str] = []
     for use in uses:
@@ -233,7 +338,21 @@ def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:
 
 
 def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifier: re.Pattern[str], notes: list[str]) -> list[dict]:
-    named = written_paths(parsed.tool_uses, facts.workspace)
+    """The contract's produced: each path a structured write changed, once, in order (through a
+    link, the file it changed; a write that failed or changed nothing produced nothing), then each
+    path the driver named that the session left; result and cites read off the file."""
+    named: list[str] = []
+    for use in parsed.tool_uses:
+        target = use.input.get(WRITE_TOOLS.get(use.name, ""))
+        if not isinstance(target, str) or not _wrote(use, parsed):
+            continue
+        rel = paths.relative(target)
+        shown = target if rel is None else _write_target(use, paths, facts.links)
+        if shown is None:
+            notes.append(f"{rel} was written through a link that leads out of the workspace")
+            shown = target
+        if shown not in named:
+            named.append(shown)
     for path in facts.driver_produced:
         shown = paths.show(path)
         if shown in named:
@@ -249,7 +368,7 @@ def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifi
         data = facts.final_file(shown) if inside else None
         if data is not None:
             entry["result"] = digest.of_bytes(data)
-            entry["cites"] = cites_of(data, identifier)
+            entry["cites"] = cites_of(data, identifier, facts.identifiers)
         elif inside:
             notes.append(f"{shown} was written but no file was there when the session ended")
         produced.append(entry)
@@ -295,8 +414,9 @@ def transform(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[
             event["produced"] = _produced(parsed, facts, paths, identifier, notes)
         else:
             notes.append("the files the session changed were not collected, so the event has no produced key")
-        if declared_answers:
-            event["answer"] = answer_of(_final_message(parsed), declared_answers)
+        # A watched session is an observation: answer null where the final line states no declared
+        # answer, where the probe declares none, and where the time limit ended the session.
+        event["answer"] = answer_of(_final_message(parsed), declared_answers)
     return SessionOutcome(
         probe=facts.probe,
         session=facts.session,
@@ -306,4 +426,5 @@ def transform(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[
         served_models=list(parsed.served_models),
         outside_paths=outside,
         notes=notes,
+        timed_out=facts.timed_out,
     )

@@ -50,7 +50,8 @@ def sample_transcript() -> str:
 
 def facts() -> SessionFacts:
     return SessionFacts(probe=PROBE, session="present-001", workspace=WORKSPACE, config_dir="/session/config",
-                        manifest={"a.md": LOCK}, final_file=_FILES.get)
+                        manifest={"a.md": LOCK}, final_file=_FILES.get,
+                        identifiers=frozenset({"HW-DR-0052", "HW-DR-0061"}))
 
 
 def stream_target(data: bytes) -> None:

@@ -36,8 +36,20 @@ def test_extra_word_is_none():
     assert answer_of("0052 current HW-DR-0052", DECL) is None
 
 
-def test_repeated_word_is_none():
-    assert answer_of("current current HW-DR-0052", DECL) is None
+def test_a_repeated_word_adds_nothing_to_the_set():
+    """The contract: "The answer is the final line of the final message, compared as a set of
+    words." {current, current, hw-dr-0052} is the set {current, hw-dr-0052}."""
+    assert answer_of("current current HW-DR-0052", DECL) == "current HW-DR-0052"
+    assert answer_of("HW-DR-0052 current HW-DR-0052.", DECL) == "current HW-DR-0052"
+
+
+def test_lines_break_at_line_feeds_only():
+    """A reader of the message sees one line where U+2028, NEL, VT or FF stand inside it: the final
+    line is that whole line, not the text after the separator."""
+    for sep in ("\u2028", "\x85", "\x0b", "\x0c", "\u2029"):
+        assert answer_of(f"it is{sep}HW-DR-0052 current", DECL) is None  # splitlines() gave the answer
+        assert answer_of(f"it is{sep}\nHW-DR-0052 current", DECL) == "current HW-DR-0052"
+    assert answer_of("reasoning\r\nHW-DR-0052 current\r\n", DECL) == "current HW-DR-0052"
 
 
 def test_missing_word_is_none():

@@ -34,7 +34,7 @@ LOCK = "sha256:" + "1" * 64
     ("**current** HW-DR-0052", None),                       # emphasis stays part of the word
     ("0052 current HW-DR-0052", None),                      # an extra word
     ("current", None),                                      # a missing word
-    ("current current HW-DR-0052", None),                   # a repeated word is an extra word
+    ("current current HW-DR-0052", "current HW-DR-0052"),   # compared as a set: a repeated word adds nothing
     ("superseded  HW-DR-0052", "superseded HW-DR-0052"),     # runs of space split once
     ("", None),
     (None, None),
@@ -154,7 +154,8 @@ def test_the_no_hook_arm_removes_only_the_hooks_key(tmp_path):
 def _facts(**over) -> SessionFacts:
     base = dict(probe="HW-PRB-0007", session="present-001", workspace="/workspace", config_dir="/session/config",
                 manifest={"a.md": digest.of_text("# doc HW-DR-0052\n")},
-                final_file=lambda rel: b"Cites HW-DR-0052.\n" if rel == "out.md" else None)
+                final_file=lambda rel: b"Cites HW-DR-0052.\n" if rel == "out.md" else None,
+                identifiers=frozenset({"HW-DR-0052"}))
     base.update(over)
     return SessionFacts(**base)
 
@@ -211,8 +212,11 @@ def test_a_harness_error_is_refused_and_max_turns_is_recorded_without_answer():
 
 
 def test_absent_keys_say_that_nothing_watched():
+    """"An event with no calls key says that nothing watched": the artifacts were not collected, so
+    no produced key; the session was watched, so its answer is recorded, null where the probe
+    declares none ("Every other message records answer: null")."""
     out = transform(stream.parse(_lines()), _facts(artifacts_collected=False), [], IDENT)
-    assert "produced" not in out.event and "answer" not in out.event and "calls" in out.event
+    assert "produced" not in out.event and out.event["answer"] is None and "calls" in out.event
 
 
 @pytest.mark.parametrize("init_change, reason", [

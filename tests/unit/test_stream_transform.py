@@ -20,7 +20,8 @@ CONFIG = "/session/config"
 def facts(files=None, **over):
     files = {"out.md": b"Cites HW-DR-0052.\n"} if files is None else files
     kw = dict(probe="p1", session="present-001", workspace="/workspace", config_dir=CONFIG,
-              manifest={"a.md": A_DIGEST}, final_file=lambda rel: files.get(rel))
+              manifest={"a.md": A_DIGEST}, final_file=lambda rel: files.get(rel),
+              identifiers=frozenset({"HW-DR-0052", "HW-DR-0061"}))
     kw.update(over)
     return SessionFacts(**kw)
 
@@ -170,10 +171,12 @@ def test_no_tool_calls():
     assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": "superseded HW-DR-0052"}
 
 
-def test_no_declared_answers_gives_no_answer_key():
+def test_no_declared_answers_records_answer_null():
+    """"Every other message records answer: null": a probe that declares no answers still had its
+    session watched, and an absent key would say that nothing watched."""
     parsed = parse_objs([INIT, result()])
     out = transform(parsed, facts(files={}), [], IDENT)
-    assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": []}
+    assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": None}
 
 
 def test_artifacts_not_collected_gives_no_produced_key():
@@ -187,7 +190,7 @@ def test_artifacts_not_collected_gives_no_produced_key():
 def test_call_without_result_has_no_result_key():
     parsed = parse_objs([INIT, asst(use("t1", "Grep", pattern="HW-DR")), result()])
     out = transform(parsed, facts(files={}), DECL, IDENT)
-    assert out.event["calls"] == [{"tool": "Grep", "argument": "HW-DR"}]
+    assert out.event["calls"] == [{"tool": "Grep", "argument": "HW-DR ."}]  # a search of the workspace
 
 
 def test_read_after_write_uses_content_digest_not_manifest():
@@ -249,7 +252,8 @@ def test_cites_with_capturing_group_in_identifier_pattern():
     # a plan may declare an identifier pattern with a group; cites must still be whole identifiers
     ident = re.compile(r"HW-(DR|OBL)-\d{4}")
     parsed = parse_objs([INIT, asst(use("t1", "Write", file_path="/workspace/out.md", content="c")), res("t1", "ok"), result()])
-    out = transform(parsed, facts(files={"out.md": b"Cites HW-DR-0052 and HW-OBL-0124.\n"}), DECL, ident)
+    out = transform(parsed, facts(files={"out.md": b"Cites HW-DR-0052 and HW-OBL-0124.\n"},
+                                  identifiers=frozenset({"HW-DR-0052", "HW-OBL-0124"})), DECL, ident)
     assert out.event["produced"][0]["cites"] == ["HW-DR-0052", "HW-OBL-0124"]
 
 

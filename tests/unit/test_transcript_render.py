@@ -114,7 +114,8 @@ def test_real_stream_events_render_the_same_on_both_paths():
     raw = (Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl").read_bytes()
     files = {"out.md": b"Cites HW-DR-0052.\n"}
     facts = SessionFacts(probe="HW-PRB-0007", session="present-001", workspace="/workspace", config_dir="/session/config",
-                         manifest={"a.md": "sha256:" + "1" * 64}, final_file=files.get)
+                         manifest={"a.md": "sha256:" + "1" * 64}, final_file=files.get,
+                         identifiers=frozenset({"HW-DR-0052", "HW-DR-0061"}))
     outcome = transform(stream.parse(raw.splitlines(keepends=True)), facts, ["current HW-DR-0052"],
                         re.compile(r"HW-DR-\d{4}"))
     assert outcome.event is not None and outcome.event["calls"]
