@@ -2,11 +2,16 @@
 
 The session's filesystem holds exactly what the recorder contract lists: /usr and /etc
 read-only (with /bin, /lib and their siblings as the host has them), a private /proc, /dev
-and /tmp, the workspace read-write at its own path, the harness binary read-only at a path of
-its own, the run's log directory and the session's configuration directory read-write. The
-environment is built from nothing (bwrap is started with exactly the variables the harness
-needs, so no secret appears in an argument list). Network egress is NOT confined here: the
-session shares the host's network, and every transcript says so.
+and /tmp, the workspace read-write at /workspace, the harness binary read-only at a path of its
+own, the session's configuration directory read-write at /run/probe/config and the run's log
+directory read-write at /run/probe/log. The workspace and configuration paths are the session
+pod's (runner/k8s/manifests.py), so every session of either executor sees the same paths: what
+a call returns (``pwd``, a path in a command's output, the harness's error messages that name
+its working directory) does not depend on where on the host the workspace was sealed, and the
+capture record names these in-sandbox paths. The host paths serve only the driver (collecting
+the workspace and the logs). The environment is built from nothing (bwrap is started with
+exactly the variables the harness needs, so no secret appears in an argument list). Network
+egress is NOT confined here: the session shares the host's network, and every transcript says so.
 
 The harness's standard output is the stream the recorder trusts, so the session must have no
 handle on it. A pipe or a file would not do: any process of the session can reopen a pipe or
@@ -55,6 +60,7 @@ from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
 from runner.executors.elf import elf_loader
 from runner.executors.capture import collect_workspace, host_skill_names
+from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.layout import SessionKeys
 from runner.ledger import now
 from runner.plan import Plan, Probe
@@ -64,13 +70,16 @@ from runner.store import Store
 from runner.testonly_killpoints import kill_point
 
 HARNESS_PATH = "/run/probe-harness/claude"  # the harness binary's own path inside the sandbox
+# WORKSPACE and CONFIG_DIR: the paths the session sees, the same for every session and both executors.
+LOG_DIR = "/run/probe/log"  # the log directory inside the sandbox (PROBE_LOG_DIR names it)
 _ROOT_SIBLINGS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _READ_CHUNK = 1 << 16
 
 CONFINEMENT_PROSE = (
     "Each session ran under bubblewrap (local executor): its filesystem held /usr and /etc "
-    "read-only, a private /proc, /dev and /tmp, the workspace read-write, the harness binary "
-    "read-only, and its log and configuration directories; its environment was cleared. "
+    "read-only, a private /proc, /dev and /tmp, the workspace read-write at /workspace (the same "
+    "path for every session and for both executors), the harness binary read-only, and its log and "
+    "configuration directories; its environment was cleared. "
     "Network egress was not confined: a session could reach any host the recording host reaches. "
     "The harness's standard output, the stream this transcript was made from, was one end of a "
     "Unix socket pair whose other end only the driver held, outside the sandbox's PID namespace, "
@@ -128,8 +137,11 @@ def bwrap_args(bwrap: str, harness: str, workspace: str, config_dir: str, log_di
                loader: str, loader_fd: int, seccomp_fd: int) -> list[str]:
     """The bubblewrap command line for one session; the harness argv follows it.
 
-    ``loader_fd`` holds the bytes of ``loader`` and ``seccomp_fd`` the filter program; bwrap
-    reads both when it starts (see :func:`sandbox_fds`).
+    ``workspace``, ``config_dir`` and ``log_dir`` are host paths; the session sees them at
+    :data:`WORKSPACE`, :data:`CONFIG_DIR` and :data:`LOG_DIR`, whatever the host paths are.
+    bwrap makes those mount points in its own new root (/run is not bound from the host), and
+    none lies under another bind. ``loader_fd`` holds the bytes of ``loader`` and ``seccomp_fd``
+    the filter program; bwrap reads both when it starts (see :func:`sandbox_fds`).
     """
     return [
         bwrap,
@@ -144,11 +156,11 @@ def bwrap_args(bwrap: str, harness: str, workspace: str, config_dir: str, log_di
         "--dev", "/dev",
         "--tmpfs", "/tmp",
         "--ro-bind", harness, HARNESS_PATH,
-        "--bind", workspace, workspace,
-        "--bind", log_dir, log_dir,
-        "--bind", config_dir, config_dir,
+        "--bind", workspace, WORKSPACE,
+        "--bind", log_dir, LOG_DIR,
+        "--bind", config_dir, CONFIG_DIR,
         "--seccomp", str(seccomp_fd),
-        "--chdir", workspace,
+        "--chdir", WORKSPACE,
         "--", "/bin/sh", "-c", pid1_script(loader),
     ]
 
@@ -177,14 +189,15 @@ def harness_argv(plan: Plan, settings: Settings) -> list[str]:
     return [HARNESS_PATH, *harness.flags(plan, settings)]
 
 
-def harness_env(settings: Settings, config_dir: str, log_dir: str) -> dict[str, str]:
+def harness_env(settings: Settings) -> dict[str, str]:
+    """The harness's whole environment; its directories are the paths inside the sandbox."""
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": config_dir,
-        "CLAUDE_CONFIG_DIR": config_dir,
+        "HOME": CONFIG_DIR,
+        "CLAUDE_CONFIG_DIR": CONFIG_DIR,
         "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
-        "PROBE_LOG_DIR": log_dir,
+        "PROBE_LOG_DIR": LOG_DIR,
         "ANTHROPIC_BASE_URL": settings.provider.base_url,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
@@ -235,7 +248,7 @@ class LocalExecutor:
         try:
             with sandbox_fds(self.loader, self.seccomp_program) as fds:
                 args = self._bwrap_args(str(probe), str(probe), str(probe), fds)
-                done = subprocess.run(args + [HARNESS_PATH, "--version"], env=harness_env(s, str(probe), str(probe)),
+                done = subprocess.run(args + [HARNESS_PATH, "--version"], env=harness_env(s),
                                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60, pass_fds=fds)
         except subprocess.TimeoutExpired:
             raise ConfinementError("bubblewrap did not start the harness within 60 s") from None
@@ -245,6 +258,7 @@ class LocalExecutor:
         self.harness_version = done.stdout.decode(errors="replace").strip()
 
     def _bwrap_args(self, workspace: str, config_dir: str, log_dir: str, fds: tuple[int, int]) -> list[str]:
+        """bwrap's argv for the host directories ``workspace``, ``config_dir`` and ``log_dir``."""
         assert self.bwrap and self.harness and self.loader, "preflight() first"
         return bwrap_args(self.bwrap, self.harness, workspace, config_dir, log_dir, root_siblings(), self.loader, *fds)
 
@@ -260,7 +274,6 @@ class LocalExecutor:
             target = config_dir / ".credentials.json"
             shutil.copyfile(s.provider.credentials_file, target)
             target.chmod(0o600)
-        workspace = str(sealed.path)
         started()  # journaled before the harness can run
         started_at = now()
         timed_out = threading.Event()
@@ -270,8 +283,8 @@ class LocalExecutor:
             with reader, writer, open(scratch / "stderr.log", "wb") as err, store.writer(keys.stream) as out:
                 try:
                     with sandbox_fds(self.loader, self.seccomp_program) as fds:
-                        proc = subprocess.Popen(self._bwrap_args(workspace, str(config_dir), str(log_dir), fds) + harness_argv(plan, s),
-                                                env=harness_env(s, str(config_dir), str(log_dir)), stdin=subprocess.PIPE,
+                        proc = subprocess.Popen(self._bwrap_args(str(sealed.path), str(config_dir), str(log_dir), fds) + harness_argv(plan, s),
+                                                env=harness_env(s), stdin=subprocess.PIPE,
                                                 stdout=writer.fileno(), stderr=err, pass_fds=fds, start_new_session=True)
                 finally:
                     writer.close()  # from here the sandbox holds the only write end: its end is the stream's end
@@ -304,7 +317,8 @@ class LocalExecutor:
             (config_dir / ".credentials.json").unlink(missing_ok=True)
         ended_at = now()
         store.put(keys.stderr, (scratch / "stderr.log").read_bytes())
-        collected = collect_workspace(sealed.path, sealed.manifest, also_collect(keys, workspace), store, keys)
+        # The stream names paths as the session saw them (under WORKSPACE); the bytes are read on the host.
+        collected = collect_workspace(sealed.path, sealed.manifest, also_collect(keys, WORKSPACE), store, keys)
         for f in log_dir.rglob("*"):
             if f.is_file() and not f.is_symlink():
                 store.put(f"{keys.prefix}/log/{f.relative_to(log_dir).as_posix()}", f.read_bytes())
@@ -319,8 +333,8 @@ class LocalExecutor:
             "exit_code": exit_code,
             "timed_out": timed_out.is_set(),
             "stream": stream,
-            "workspace": workspace,
-            "config_dir": str(config_dir),
+            "workspace": WORKSPACE,  # the paths as the session saw them, as the transform reads its stream
+            "config_dir": CONFIG_DIR,
             "host_skills": host_skill_names(),
             "artifacts": collected,
         }

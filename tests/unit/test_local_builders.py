@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import SecretStr
 
 from runner.executors.local import HARNESS_PATH, bwrap_args, harness_argv, harness_env, pid1_script
+from runner.k8s import manifests
 from runner.plan import parse_plan
 from runner.settings import HarnessSettings, ProviderSettings, Settings
 
@@ -40,13 +41,27 @@ def test_bwrap_args_complete():
         "--dev", "/dev",
         "--tmpfs", "/tmp",
         "--ro-bind", "/opt/claude/cli", HARNESS_PATH,
-        "--bind", "/w/ws", "/w/ws",
-        "--bind", "/w/log", "/w/log",
-        "--bind", "/w/cfg", "/w/cfg",
+        "--bind", "/w/ws", "/workspace",
+        "--bind", "/w/log", "/run/probe/log",
+        "--bind", "/w/cfg", "/run/probe/config",
         "--seccomp", "8",
-        "--chdir", "/w/ws",
+        "--chdir", "/workspace",
         "--", "/bin/sh", "-c", pid1_script("/usr/lib/ld.so"),
     ]
+
+
+def test_every_session_sees_the_same_paths_as_in_the_session_pod():
+    # Two sessions' host directories differ; the paths inside their sandboxes do not.
+    def inside(ws, cfg, log):
+        return bwrap_args("/usr/bin/bwrap", "/opt/claude/cli", ws, cfg, log, [], "/usr/lib/ld.so", 7, 8)
+
+    a = inside("/work/c/p/present-001.1/workspace", "/work/c/p/present-001.1/config", "/work/c/p/present-001.1/log")
+    b = inside("/work/c/p/present-002.1/workspace", "/work/c/p/present-002.1/config", "/work/c/p/present-002.1/log")
+    assert [x for x in a if "present-001" not in x] == [x for x in b if "present-002" not in x]
+    assert a[a.index("--chdir") + 1] == manifests.WORKSPACE
+    targets = [a[i + 2] for i, x in enumerate(a) if x == "--bind"]
+    assert targets == [manifests.WORKSPACE, "/run/probe/log", manifests.CONFIG_DIR]
+    assert "/run" not in a  # the mount points are made in bwrap's own root, not bound from the host
 
 
 def test_harness_argv_flags():
@@ -85,18 +100,18 @@ def test_harness_env_closed_set_and_base_url(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "leak")
     monkeypatch.setenv("SOME_HOST_VAR", "leak")
     s = settings(provider=ProviderSettings(base_url="https://proxy.example:8443"))
-    env = harness_env(s, "/w/cfg", "/w/log")
+    env = harness_env(s)
     assert set(env) == EXPECTED_KEYS
     assert env["ANTHROPIC_BASE_URL"] == "https://proxy.example:8443"
-    assert env["HOME"] == "/w/cfg" and env["CLAUDE_CONFIG_DIR"] == "/w/cfg"
-    assert env["PROBE_LOG_DIR"] == "/w/log"
+    assert env["HOME"] == env["CLAUDE_CONFIG_DIR"] == "/run/probe/config" == manifests.CONFIG_DIR
+    assert env["PROBE_LOG_DIR"] == "/run/probe/log"
     assert "leak" not in env.values()
 
 
 def test_harness_env_api_key_and_extra():
     s = settings(provider=ProviderSettings(api_key=SecretStr("sk-test")),
                  harness=HarnessSettings(env={"CLAUDE_CODE_MAX_RETRIES": "3"}))
-    env = harness_env(s, "/c", "/l")
+    env = harness_env(s)
     assert set(env) == EXPECTED_KEYS | {"ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_RETRIES"}
     assert env["ANTHROPIC_API_KEY"] == "sk-test"
     assert env["ANTHROPIC_BASE_URL"] == "https://api.anthropic.com"
