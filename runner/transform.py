@@ -142,7 +142,7 @@ def argument_of(use: ToolUse, paths: _Paths) -> str:
     if use.name in SEARCH_TOOLS:
         pattern, where, *filters = keys
         words = [use.input[pattern], paths.show(w) if isinstance(w := use.input.get(where), str) else "."]
-        words += [f"--{k}={use.input[k]}" for k in filters if isinstance(use.input.get(k), str)]
+        words += [w for k in filters if isinstance(use.input.get(k), str) for w in (f"--{k}", use.input[k])]
         return paths.strip(shlex.join(words))
     values = [use.input[k] for k in keys if isinstance(use.input.get(k), str)]
     if len(values) > 1:
