@@ -181,7 +181,7 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
 
 # The path a shell word names: after a redirection operator (``2>``, ``>>``, ``&>``, ``<``) or an
 # option's or assignment's ``name=``; a word with neither is the path itself.
-_PATH_IN_WORD = re.compile(r"(?:[0-9]*(?:&>>?|>>?&?|<>?|>\|)|-{0,2}[A-Za-z_][\w.-]*=)?(.*)", re.S)
+_PATH_IN_WORD = re.compile(r"(?:[0-9]*(?:&>>?|>>?&?|<<<|<>?|>\|)|-{0,2}[A-Za-z_][\w.-]*=)?(.*)", re.S)
 _HEREDOC = re.compile(r"<<-?[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|\\?([^\s;&|<>()'\"]+))")
 
 
