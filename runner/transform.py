@@ -171,11 +171,13 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
         if use.name == "Glob" and isinstance(use.input.get("pattern"), str):
             add(use.input["pattern"])
         command = use.input.get("command") if use.name == "Bash" else None
-        if isinstance(command, str):
+        # a path outside names "/" or "~", or is "..": a command with none of them names none
+        if isinstance(command, str) and ("/" in command or "~" in command or ".." in command):
             for word in _shell_words(_without_heredoc_bodies(command) if "<<" in command else command):
-                path = _PATH_IN_WORD.match(word).group(1)
-                if path[:1] in ("/", "~") or "/" in path or path == "..":
-                    add(path)
+                if "/" in word or "~" in word or ".." in word:
+                    path = _PATH_IN_WORD.match(word).group(1)
+                    if path[:1] in ("/", "~") or "/" in path or path == "..":
+                        add(path)
     return list(found)
 
 
