@@ -125,7 +125,7 @@ def test_a_started_session_is_never_rerun_until_recovered_and_resumed(tmp_path, 
     before = len(provider.main_loop_requests())
     again = cli("run", str(PLAN), "--corpus", str(CORPUS), env=run_env)
     assert again.returncode == 12, again.stderr  # listed under refused: not recorded, interrupted
-    assert "present-001 (present): not recorded: recovered: started with no outcome" in again.stdout
+    assert "present-001 (present): not recorded: interrupted: recovered: started with no outcome" in again.stdout
     assert len(provider.main_loop_requests()) == before  # and nothing ran again
     status = json.loads(cli("status", "demo", "--json", env=env).stdout)["sessions"]
     assert status == {"succeeded": 7, "interrupted": 1}

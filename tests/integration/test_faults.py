@@ -140,8 +140,15 @@ def test_a_runner_killed_at_every_stage_keeps_every_byte_and_runs_no_session_twi
     run = ("run", str(four_session_plan), "--corpus", str(CORPUS))
     keys = {n: layout.SessionKeys("demo", "HW-PRB-0007", f"present-00{n}") for n in (1, 2, 3, 4)}
 
-    def requests(n: int) -> int:  # main-loop requests of one session, told apart by its workspace
-        return sum(1 for r in provider.main_loop_requests() if (r.get("cwd") or "").startswith(f"{work}/demo/HW-PRB-0007/present-00{n}."))
+    def requests(n: int) -> int:
+        """Main-loop requests of one session, told apart by the CLI session its harness emitted
+        (every session sees the same workspace path, so the working directory cannot tell them)."""
+        try:
+            emitted = _emitted(work, store, keys[n])
+        except NotFound:
+            return 0  # its harness never ran
+        sid = json.loads(emitted.split(b"\n", 1)[0])["session_id"]
+        return sum(1 for r in provider.main_loop_requests() if r["headers"].get("x-claude-code-session-id") == sid)
 
     said = {}
     chain = (("before-intent", 1, 0), ("after-intent", 1, 0), ("stream-stored", 1, TURNS), ("before-outcome", 2, TURNS),
