@@ -7,8 +7,11 @@ import re
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from runner import digest, stream
-from runner.transform import SessionFacts, transform
+from runner.initcheck import InitContext, refusals
+from runner.transform import SessionFacts, _without_heredoc_bodies, corpus_identifiers, transform
 
 FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 IDENT = re.compile(r"HW-DR-\d{4}")
@@ -268,3 +271,172 @@ def test_sibling_directory_with_workspace_prefix_not_rewritten():
     out = transform(parsed, facts(files={}), DECL, IDENT)
     assert out.event["calls"][0]["argument"] == "ls /workspace2/x docs"
     assert out.outside_paths == ["/workspace2/x"]
+
+
+# --- issue 11's rules, one at a time (the real CLI holds each in tests/integration/test_contract_fidelity.py) ---
+
+def _event(*pairs, files=None, **over):
+    objs = [INIT]
+    for u, r in pairs:
+        objs.append(asst(u))
+        if r is not None:
+            objs.append(r)
+    objs.append(result())
+    return transform(parse_objs(objs), facts(files=files or {}, **over), DECL, IDENT)
+
+
+@pytest.mark.parametrize("tool, inp, argument", [
+    ("Read", {"file_path": "/workspace/docs/a.md", "offset": 3}, "docs/a.md"),
+    ("NotebookEdit", {"notebook_path": "/workspace/n.ipynb", "new_source": "the model's words"}, "n.ipynb"),
+    ("LS", {"path": "/workspace/docs"}, "docs"),
+    ("Bash", {"command": "ls /workspace/docs", "description": "List the docs"}, "ls docs"),
+    ("Grep", {"pattern": "Status", "path": "/workspace/docs/a.md", "output_mode": "content"}, "Status docs/a.md"),
+    ("Grep", {"pattern": "HW DR", "glob": "*.md", "type": "md"}, "'HW DR' . --glob '*.md' --type md"),
+    ("Glob", {"pattern": "**/*.md"}, "'**/*.md' ."),
+    ("Glob", {"pattern": "*.md", "path": "/etc"}, "'*.md' /etc"),
+    ("Task", {"subagent_type": "Explore", "description": "look", "prompt": "the model's words"}, "Explore"),
+    ("Skill", {"skill": "corpus-guide"}, "corpus-guide"),
+    ("WebFetch", {"url": "https://x.invalid/a", "prompt": "the model's words"}, "https://x.invalid/a"),
+    ("TaskUpdate", {"taskId": "3", "status": "completed", "description": "the model's words"}, "3"),
+    ("TaskGet", {"taskId": "3"}, "3"),
+    ("TaskStop", {"shell_id": "b7"}, "b7"),
+    ("KillShell", {"shell_id": "b7"}, "b7"),
+    ("ReadMcpResource", {"server": "docs", "uri": "doc://a b"}, "docs 'doc://a b'"),
+])
+def test_each_known_tool_is_identified_by_what_it_touched(tool, inp, argument):
+    out = _event((use("t1", tool, **inp), res("t1", "ok")))
+    assert out.event["calls"] == [{"tool": tool, "argument": argument, "result": digest.of_text("ok")}]
+
+
+@pytest.mark.parametrize("tool, inp", [
+    ("TaskCreate", {"subject": "Check the status", "description": "I think it is current"}),
+    ("SendMessage", {"to": "lead", "message": "It is current"}),
+    ("ExitPlanMode", {"plan": "Read, then answer"}),
+    ("TodoWrite", {"todos": [{"content": "read", "status": "pending", "activeForm": "reading"}]}),
+    ("WebSearch", {"query": "status of HW-DR-0052"}),
+    ("Task", {"description": "look", "prompt": "find it"}),  # no subagent_type: nothing names it
+    ("mcp__docs__search", {"q": "status", "path": "/workspace/docs"}),
+    ("ToolOfALaterCli", {}),
+])
+def test_prose_and_unknown_inputs_are_identified_by_their_canonical_digest(tool, inp):
+    """"A transcript holds no model prose": the input's identity, never its text."""
+    out = _event((use("t1", tool, **inp), res("t1", "ok", is_error=True)))
+    assert out.event["calls"] == [{"tool": tool, "argument": digest.of_bytes(stream.canonical(inp)),
+                                   "result": digest.of_text("ok")}]
+
+
+def _write_result(tid, *, original, patch):
+    line = res(tid, "ok")
+    line["tool_use_result"] = {"type": "update", "originalFile": original, "structuredPatch": patch}
+    return line
+
+
+def test_failed_and_unchanging_writes_produce_nothing_and_later_reads_keep_the_document_digest():
+    out = _event(
+        (use("t1", "Edit", file_path="/workspace/a.md", old_string="x", new_string="y"), res("t1", "not found", is_error=True)),
+        (use("t2", "Write", file_path="/workspace/a.md", content="same"), _write_result("t2", original="same", patch=[])),
+        (use("t3", "MultiEdit", file_path="/workspace/a.md", edits=[]), res("t3", "No such tool", is_error=True)),
+        (use("t4", "NotebookEdit", notebook_path="/workspace/a.md", new_source="x"), res("t4", "not a notebook", is_error=True)),
+        (use("t5", "Read", file_path="/workspace/a.md"), res("t5", "1\tsame")),
+        files={"a.md": b"same"})
+    assert out.event["produced"] == []
+    assert out.event["calls"][4]["result"] == "sha256:" + "1" * 64  # the manifest's digest of a.md
+
+
+def test_a_write_that_changed_the_file_is_produced_and_the_read_after_it_is_what_returned():
+    out = _event(
+        (use("t1", "Write", file_path="/workspace/a.md", content="new"), _write_result("t1", original="old", patch=[{"lines": ["-old", "+new"]}])),
+        (use("t2", "Read", file_path="/workspace/a.md"), res("t2", "1\tnew")),
+        files={"a.md": b"new HW-DR-0052"})
+    assert out.event["produced"] == [{"path": "a.md", "result": digest.of_text("new HW-DR-0052"), "cites": ["HW-DR-0052"]}]
+    assert out.event["calls"][1]["result"] == digest.of_text("1\tnew")
+
+
+def test_a_write_whose_answer_never_came_may_have_written():
+    out = _event((use("t1", "Write", file_path="/workspace/a.md", content="new"), None), files={"a.md": b"new"})
+    assert out.event["produced"] == [{"path": "a.md", "result": digest.of_text("new"), "cites": []}]
+
+
+def test_cites_are_token_bounded_identifiers_of_the_corpus():
+    text = b"HW-DR-00521 XHW-DR-0007Y HW-DR-9999 (HW-DR-0052), HW-DR-0061. HW-DR-0007-draft docs/HW-DR-0041.md"
+    out = _event((use("t1", "Write", file_path="/workspace/out.md", content="c"), res("t1", "ok")),
+                 files={"out.md": text},
+                 identifiers=frozenset({"HW-DR-0007", "HW-DR-0041", "HW-DR-0052", "HW-DR-0061"}))
+    assert out.event["produced"][0]["cites"] == ["HW-DR-0041", "HW-DR-0052", "HW-DR-0061"]
+
+
+def test_the_corpus_identifiers_are_its_token_bounded_matches_in_paths_and_text():
+    texts = ["docs/decisions/HW-DR-0052.md", "# HW-DR-0052\nsupersedes HW-DR-0041; not HW-DR-00410 or aHW-DR-0001"]
+    assert corpus_identifiers(texts, IDENT) == {"HW-DR-0052", "HW-DR-0041"}
+
+
+@pytest.mark.parametrize("command, outside", [
+    ("cat ../outside.txt docs/a.md", ["../outside.txt"]),
+    ("cat docs/../../x", ["docs/../../x"]),
+    ("cat docs/../a.md ..", [".."]),
+    ("ls --hide=/etc/x -I=~/y --color=never .", ["/etc/x", "~/y"]),
+    ("echo x >/tmp/a 2>>/tmp/b &>/dev/null <~/in", ["/tmp/a", "/tmp/b", "/dev/null", "~/in"]),
+    ("echo x > /tmp/c", ["/tmp/c"]),
+    ("OUT=/var/x make", ["/var/x"]),
+    ("cat > notes.md <<'EOF'\nsee /etc/passwd and ../x\nEOF\ncat /etc/hosts", ["/etc/hosts"]),
+    ("cat <<-END\n\t/etc/a\n\tEND\nls /b", ["/b"]),
+    ("cat <<<'/etc/here-string'", ["/etc/here-string"]),  # a here-string is a word, no body
+    ("a=1 ls /workspace/docs docs/x", []),
+])
+def test_every_path_a_command_names_outside_the_workspace_is_counted(command, outside):
+    out = _event((use("t1", "Bash", command=command), res("t1", "x")))
+    assert out.outside_paths == outside
+
+
+def test_path_inputs_and_rooted_glob_patterns_outside_are_counted():
+    out = _event((use("t1", "Glob", pattern="/etc/*.conf"), res("t1", "x")),
+                 (use("t2", "Glob", pattern="../**/*.md"), res("t2", "x")),
+                 (use("t3", "Read", file_path="/workspace/../etc/x"), res("t3", "x")),
+                 (use("t4", "Grep", pattern="/etc/", path="docs"), res("t4", "x")))
+    assert out.outside_paths == ["/etc/*.conf", "../**/*.md", "/workspace/../etc/x"]
+
+
+def test_heredoc_bodies_are_dropped_and_the_command_kept():
+    assert _without_heredoc_bodies("cat > a <<EOF\nbody\nEOF\nls x") == "cat > a <<EOF\nls x"
+    assert _without_heredoc_bodies('cat <<"A" <<B\n1\nA\n2\nB\nend') == 'cat <<"A" <<B\nend'
+    assert _without_heredoc_bodies("cat <<EOF\nnever closed") == "cat <<EOF"
+
+
+def test_a_write_through_a_linked_directory_is_the_file_it_changed():
+    links = {"shelf": "docs", "notes/cur.md": "../docs/a.md", "out": "/etc"}
+    out = _event((use("t1", "Write", file_path="/workspace/shelf/new.md", content="n"), res("t1", "ok")),
+                 (use("t2", "Read", file_path="/workspace/shelf/a.md"), res("t2", "1\tdoc")),
+                 (use("t3", "Write", file_path="/workspace/out/x", content="n"), res("t3", "ok")),
+                 files={"docs/new.md": b"n"}, links=links, manifest={"docs/a.md": "sha256:" + "2" * 64})
+    assert out.event["produced"][0] == {"path": "docs/new.md", "result": digest.of_text("n"), "cites": []}
+    assert out.event["calls"][1]["result"] == "sha256:" + "2" * 64  # read through the link: the document's digest
+    assert out.event["produced"][1] == {"path": "/workspace/out/x"}  # led out of the workspace: nothing read
+    assert "out/x was written through a link that leads out of the workspace" in out.notes
+
+
+def test_a_session_the_driver_ended_at_its_time_limit_is_an_observation():
+    cut = lines_of([INIT, asst(use("t1", "Read", file_path="/workspace/a.md")), res("t1", "doc"),
+                    asst(use("t2", "Bash", command="sleep 600"))]) + [b'{"type":"assist']
+    assert stream.parse(cut).problems  # as the harness's own account it is incomplete
+    parsed = stream.parse(cut, ended_by_driver=True)
+    assert parsed.problems == []
+    assert parsed.notes == ["the stream is truncated: line 5 ends without a newline and is not complete JSON",
+                            "the stream has no result line: the driver ended the session at its time limit"]
+    out = transform(parsed, facts(files={}, timed_out=True), DECL, IDENT)
+    assert out.timed_out and out.cost_usd is None
+    assert out.event == {"probe": "p1", "session": "present-001", "produced": [], "answer": None,
+                         "calls": [{"tool": "Read", "argument": "a.md", "result": "sha256:" + "1" * 64},
+                                   {"tool": "Bash", "argument": "sleep 600"}]}
+    # anything else unsound still refuses it
+    assert stream.parse(cut[:2] + [b"not json\n"] + cut[2:], ended_by_driver=True).problems
+
+
+@pytest.mark.parametrize("memory, refused", [
+    ("/run/probe/config/projects/x/memory/", False),
+    ("/run/probe/config/../escape/", True),
+    ("/run/probe/config/projects/../../../tmp/x", True),
+    ("projects/x", True),  # relative: inside nothing
+])
+def test_the_memory_path_check_resolves_dot_dot(memory, refused):
+    reasons = refusals(dict(INIT, memory_paths={"auto": memory}), InitContext(config_dir="/run/probe/config"))
+    assert bool(reasons) is refused
