@@ -236,7 +236,7 @@ def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None, end
     a last line cut off by the kill are then what the kill left, stated as notes; every other
     problem still refuses the stream."""
     out = ParsedStream()
-    state = _State(set(), result_needed, ended_by_driver)
+    state = _State({}, result_needed, ended_by_driver)
     pending = None
     n = 0
     # Look one line ahead so the last line can be told apart (a cut-off last line is truncation).
@@ -259,7 +259,7 @@ def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None, end
 
 @dataclass
 class _State:
-    seen_ids: set[str]
+    uses: dict[str, ToolUse]  # every call of the stream so far, by its tool_use id
     result_needed: ResultNeeded | None
     ended_by_driver: bool = False
 
@@ -300,7 +300,7 @@ def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, stat
         else:
             out.init = obj
     elif kind == "assistant":
-        _assistant(out, raw, obj, n, last, state.seen_ids)
+        _assistant(out, raw, obj, n, last, state.uses)
     elif kind == "user":
         _user(out, raw, obj, n, last, state)
     elif kind == "result":
@@ -326,7 +326,7 @@ def _kept_input(name: str, tinput: dict) -> tuple[dict, str | None]:
     return {k: tinput[k] for k in PATH_INPUT_KEYS if k in tinput}, digest.of_bytes(canonical(tinput))
 
 
-def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, seen_ids: set[str]) -> None:
+def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, uses: dict[str, ToolUse]) -> None:
     message = obj.get("message")
     if not isinstance(message, dict):
         out.problems.append(f"line {n}: an assistant line without a message")
@@ -352,15 +352,15 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, see
         if not isinstance(tid, str) or not isinstance(name, str):
             out.problems.append(f"line {n}: a tool_use block without an id or a name")
             continue
-        if tid in seen_ids:
+        if tid in uses:
             out.problems.append(f"line {n}: tool_use id {tid} appears twice")
             continue
-        seen_ids.add(tid)
         if isinstance(tinput, dict):
             kept, identity = _kept_input(name, tinput)
         else:  # not an input any tool takes: identified by what it is
             kept, identity = {}, digest.of_bytes(canonical(tinput))
-        out.tool_uses.append(ToolUse(tid, name, kept, parent, n, identity))
+        uses[tid] = use = ToolUse(tid, name, kept, parent, n, identity)
+        out.tool_uses.append(use)
 
 
 def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _State) -> None:
@@ -376,7 +376,7 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _
             break
     for block in results:
         tid = block.get("tool_use_id")
-        if not isinstance(tid, str) or tid not in state.seen_ids:
+        if not isinstance(tid, str) or tid not in state.uses:
             out.problems.append(f"line {n}: a tool_result for tool_use id {tid!r}, which no call of the stream made")
             continue
         if tid in out.results:
@@ -384,7 +384,7 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _
             continue
         is_error = block.get("is_error")
         is_error = is_error if isinstance(is_error, bool) else None
-        use = _use(out, tid)
+        use = state.uses[tid]
         needed = state.result_needed is None or state.result_needed(use, is_error, out.tool_uses)
         out.results[tid] = ToolResult(
             digest=digest.of_bytes(result_bytes(block.get("content"))) if needed else None,
@@ -404,8 +404,3 @@ def _changed(obj: dict, results: int) -> bool | None:
     if isinstance(record.get("originalFile"), str) and record.get("structuredPatch") == []:
         return False
     return None
-
-
-def _use(out: ParsedStream, tid: str) -> ToolUse:
-    """The call a result answers: nearly always one of the last few, so searched from the end."""
-    return next(u for u in reversed(out.tool_uses) if u.id == tid)
