@@ -171,6 +171,8 @@ def _needs_reference(value: object, n: int) -> bool:
     deep value costs no stack, and visits only containers: it runs for every call and result."""
     if not isinstance(value, (dict, list)):
         return isinstance(value, float) and abs(value) >= _INT_RANGE
+    if isinstance(value, dict) and all(type(x) is str for x in value.values()):
+        return False  # most tool inputs: strings only, nothing to walk
     stack = [(value, 0)]
     suspicious = False
     while stack:
@@ -333,11 +335,13 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, use
         return
     content = message.get("content")
     if isinstance(content, list):
-        inputs = [b.get("input") for b in content if isinstance(b, dict) and b.get("type") == "tool_use"]
-        if any(_needs_reference(i, n) for i in inputs if isinstance(i, (dict, list))):
-            obj = _reference(raw, n, last)
-            message = obj["message"]
-            content = message.get("content")
+        for b in content:
+            if (isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(i := b.get("input"), (dict, list))
+                    and _needs_reference(i, n)):
+                obj = _reference(raw, n, last)
+                message = obj["message"]
+                content = message.get("content")
+                break
     parent = obj.get("parent_tool_use_id")
     model = message.get("model")
     if parent is None and isinstance(model, str) and model and model != "<synthetic>":
