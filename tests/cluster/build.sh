@@ -193,10 +193,12 @@ for b in "${BINARIES[@]}"; do
 done
 got="$("${TMP}/bin/kube-apiserver" --version)"
 [[ "${got}" == "Kubernetes ${KUBE_VERSION}" ]] || { log "kube-apiserver reports '${got}'"; exit 1; }
-"${TMP}/bin/etcd" --version | grep -q "etcd Version: ${ETCD_VERSION#v}" ||
-  { log "etcd reports: $("${TMP}/bin/etcd" --version)"; exit 1; }
-"${TMP}/bin/kwokctl" --version | grep -q "${KWOK_VERSION}" ||
-  { log "kwokctl reports: $("${TMP}/bin/kwokctl" --version)"; exit 1; }
+# Each version is read whole before it is matched: `cmd | grep -q` under pipefail fails when
+# grep exits at its match while cmd is still writing (SIGPIPE, status 141), as etcd's did here.
+got="$("${TMP}/bin/etcd" --version)"
+[[ "${got}" == *"etcd Version: ${ETCD_VERSION#v}"* ]] || { log "etcd reports: ${got}"; exit 1; }
+got="$("${TMP}/bin/kwokctl" --version)"
+[[ "${got}" == *"${KWOK_VERSION}"* ]] || { log "kwokctl reports: ${got}"; exit 1; }
 
 END=$(date +%s)
 {
