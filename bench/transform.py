@@ -21,7 +21,12 @@ derived and once after the transcript is rendered and confirmed. Memory bounded 
 line means the first figure stays flat however long the stream; the transcript holds every
 event of its arm, so the second grows with the number of calls.
 
-Usage: ``nice -n 19 python3 bench/transform.py [--size 1GiB] [--result-kb 20] [--dir DIR]``.
+The floor and the transform are measured paired, in one process, session file by session file
+(each file parsed by the floor's loop just before or just after its transform, in turn), so both
+meet the same disturbances of a shared machine; that runs in rounds (``--repeat``, default 5), and
+each ratio is the median of the rounds' ratios. json and jq run in processes of their own.
+
+Usage: ``nice -n 19 python3 bench/transform.py [--size 1GiB] [--result-kb 20] [--dir DIR] [--repeat N]``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import random
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -210,9 +216,19 @@ def stdlib(files: list[Path]) -> int:
     return _parse_every_line(files, json.loads)
 
 
-def full_transform(files: list[Path]) -> dict:
+def full_transform_paired(files: list[Path]) -> dict:
+    return full_transform(files, paired=True)
+
+
+def full_transform(files: list[Path], paired: bool = False) -> dict:
     """Per session what intake_job.transform_session does, then one transcript over all events;
-    the CPU time of the transcript (render and intake's confirmation) is returned apart."""
+    the CPU time of the transcript (render and intake's confirmation) is returned apart.
+
+    ``paired``: each session's file is also parsed by the floor's loop, just before or just after
+    its transform (in turn), and the CPU time of each is summed apart, so the floor and the
+    transform meet the same disturbances of a shared machine, 4 MB at a time."""
+    import orjson
+
     from runner import intake, stream
     from runner.testing.fuzz_targets import LOCK, identity
     from runner.transcript import rendered
@@ -223,16 +239,27 @@ def full_transform(files: list[Path]) -> dict:
     note = b"A note that cites HW-DR-0052 and HW-DR-0041.\n"
     ident = re.compile(r"HW-[A-Z]+-[0-9]{4}")
     events = []
+    floor_cpu = events_cpu = 0.0
     for k, path in enumerate(files):
+        if paired and k % 2 == 0:
+            t = _cpu()
+            _parse_every_line([path], orjson.loads)
+            floor_cpu += _cpu() - t
+        t = _cpu()
         facts = SessionFacts(probe="HW-PRB-0007", session=f"present-{k % 999 + 1:03d}", workspace=WORKSPACE,
                              config_dir=CONFIG, manifest=manifest, final_file=lambda rel: note,
                              identifiers=IDENTIFIERS)
         with open(path, "rb") as f:
             parsed = stream.parse(f, result_needed(facts))
         out = transform(parsed, facts, ["current HW-DR-0052", "superseded HW-DR-0052"], ident)
+        events_cpu += _cpu() - t
         if out.event is None:
             raise SystemExit(f"{path}: refused: {out.refusals}")
         events.append(out.event)
+        if paired and k % 2 == 1:
+            t = _cpu()
+            _parse_every_line([path], orjson.loads)
+            floor_cpu += _cpu() - t
     events_peak_kb = _peak_rss_kb()
     t = _cpu()
     written = rendered({"title": "bench"}, "bench", ["prose"], identity(), events)  # as intake_job.run_job does
@@ -244,7 +271,8 @@ def full_transform(files: list[Path]) -> dict:
     if repr(intake.confirm(written.text, LOCK, {"HW-PRB-0007"})) != repr(result):
         raise SystemExit("intake's verdict on the text differs from its verdict on the rendered transcript")
     return {"sessions": len(events), "calls": sum(len(e["calls"]) for e in events), "transcript_cpu": transcript_cpu,
-            "file_confirm_cpu": _cpu() - t, "events_peak_rss_kb": events_peak_kb}
+            "file_confirm_cpu": _cpu() - t, "events_peak_rss_kb": events_peak_kb, "floor_cpu": floor_cpu,
+            "events_cpu": events_cpu}
 
 
 def child(kind: str, files: list[Path]) -> dict:
@@ -277,6 +305,7 @@ def main() -> None:
     ap.add_argument("--size", type=_size, default=1 << 30, help="corpus size (default 1GiB)")
     ap.add_argument("--result-kb", type=int, default=20, help="tool result size in KB (default 20)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the corpus (default: a temp dir, removed)")
+    ap.add_argument("--repeat", type=int, default=5, help="rounds of the paired floor and transform (default 5)")
     args = ap.parse_args()
 
     own = args.dir is None
@@ -291,17 +320,23 @@ def main() -> None:
               f"generated in {time.monotonic() - t:.0f} s in {directory}")
         for p in files:  # one read so every measurement starts from the page cache
             p.read_bytes()
-        rates = {}
-        for kind in ("floor", "stdlib", "full_transform"):
-            r = child(kind, files)
-            if kind == "full_transform":
-                transform_rss, work = r, r["items"]
-                r["cpu"] -= work["file_confirm_cpu"]
-                rates["events"] = total / (r["cpu"] - work["transcript_cpu"]) / 1e6
-            rates[kind] = total / r["cpu"] / 1e6
+        # The floor and the transform are measured paired, in one process, session by session
+        # (full_transform_paired), in --repeat rounds; each figure is the median over the rounds, and
+        # each ratio the median of the rounds' ratios. json is measured in a process of its own.
+        rounds: list[dict[str, float]] = []
+        for _ in range(args.repeat):
+            r = child("full_transform_paired", files)
+            transform_rss, work = r, r["items"]
+            rounds.append({"floor": total / work["floor_cpu"] / 1e6, "events": total / work["events_cpu"] / 1e6,
+                           "full_transform": total / (work["events_cpu"] + work["transcript_cpu"]) / 1e6})
+        rates = {kind: statistics.median(r[kind] for r in rounds) for kind in rounds[0]}
+        ratios = {kind: statistics.median(r[kind] / r["floor"] for r in rounds) for kind in rounds[0]}
+        rates["stdlib"] = total / child("stdlib", files)["cpu"] / 1e6
+        ratios["stdlib"] = rates["stdlib"] / rates["floor"]
         cpu = jq(files)
         if cpu:
             rates["jq"] = total / cpu / 1e6
+            ratios["jq"] = rates["jq"] / rates["floor"]
         one = child("full_transform", files[:1])
         long_session = directory / "long.jsonl"  # one session as long as a quarter of the corpus
         rng = random.Random(1)
@@ -311,7 +346,10 @@ def main() -> None:
                  "events": "transform: stream -> events", "full_transform": "full transform, transcript included"}
         for kind in ("floor", "stdlib", "jq", "events", "full_transform"):
             if kind in rates:
-                print(f"{names[kind]:36s} {rates[kind]:7.0f} MB/s per core   {rates[kind] / rates['floor']:.2f}x floor")
+                print(f"{names[kind]:36s} {rates[kind]:7.0f} MB/s per core   {ratios[kind]:.2f}x floor")
+        each = {kind: ", ".join(f"{r[kind] / r['floor']:.2f}" for r in rounds) for kind in ("events", "full_transform")}
+        print(f"(floor and transform paired; medians of {args.repeat} rounds; each round's ratio: stream -> events {each['events']}; "
+              f"full {each['full_transform']})")
         print(f"transcript (render + intake confirm) of {work['sessions']} events with {work['calls']} calls: "
               f"{work['transcript_cpu']:.1f} s CPU, {work['transcript_cpu'] / work['calls'] * 1e6:.0f} us per call; "
               f"confirming its text read back as a file, not counted above: "
