@@ -15,19 +15,38 @@ The rule (the recorder contract, "The prompt is the task section"):
    (``HW-NOTE-0003`` for ``docs/notes/HW-NOTE-0003.md``), in any case, not inside a longer
    word. An identifier the probe itself uses (its title, task, answers, examined documents)
    names the probe's subject, not the key, and does not count.
+   A shelf, an answer key or the probe declared through a link (``docs/notes -> ../notes-src``)
+   is resolved through the corpus's links: its declared path and its real corpus path both go,
+   with every link leading to either, and a line naming either names it.
 4. Every file that names the probe goes: its id or its title, case-folded, with any run of white
    space between the words (a line break included, and a Markdown or comment line prefix such as
-   ``>``, ``#``, ``-``, ``//`` after it), not inside a longer word; or a reference to its path.
+   ``>``, ``#``, ``-``, ``//`` after it: only after a line feed, so ``status | of`` or ``status -
+   of`` on one line is not the title), not inside a longer word; or a reference to its path.
    Outside ``docs/`` a file stays when ``folds:`` declares it. ``.headwater/probe.yml`` itself
    names the probe's answer keys, so it goes with them unless folded.
 5. Links are copied as links, relative, to the same corpus path, so each leads into the sealed
    workspace and never back to the corpus; a link to a directory too. A link goes, with the
    reason in ``removed``, when its own path would go (a shelf, an answer key, the arm), or when
    it leads to the probe, an answer key, a probe shelf, ``.git`` or a file sealing removed.
-6. The arm removes what it measures (see ARM_COMPONENTS).
+6. The arm removes what it measures (see ARM_COMPONENTS), decided on each file's path as the
+   session sees it and on its real path. Through a link to a directory a file keeps its name, so
+   ``CLAUDE.md`` goes wherever it is reached from, and ``.mcp.json`` is only ever the top-level
+   path (a link there goes as its own path). The directories ``.claude/skills`` and
+   ``.claude/hooks`` are different: a linked ``.claude`` would show the session, under them,
+   files whose real path is elsewhere. So under an arm that removes skills or hooks, a link to a
+   directory that is an ancestor of them (``.claude -> config/claude``) is not copied as a link
+   but materialised: what it leads to is copied under the link's path as a directory of its
+   own, each file through every rule here (the arm on the path the session sees), its links as
+   links. Materialised rather than refused, so a corpus keeping its ``.claude`` elsewhere can be
+   measured under every arm, the arm removing exactly what it removes from a real ``.claude``;
+   the target stays at its real path, where the session does not load it as skills or hooks.
+   Under an arm that removes nothing there the link stays a link.
 7. The result is checked: a file other than a fold that still names the probe or an answer key,
-   a fold that states an answer (see ``_stated_answer``) or names an answer key, or a link
-   leading out of the corpus refuses the workspace. The session then does not run.
+   a fold that states an answer (see ``_stated_answer``) or names an answer key, a file whose
+   path or real path is an answer key, lies on a probe shelf or is one the arm removes (and any
+   ``.claude/skills``, ``.claude/hooks``, ``.mcp.json`` the arm removes, reached through links
+   or not), or a link leading out of the corpus refuses the workspace. The session then does
+   not run.
 
 A *reference* to a document is a path token or a Markdown link target (inline ``[t](target
 "title")``, ``<angle brackets>``, a reference definition ``[id]: target``, an HTML attribute)
@@ -35,11 +54,13 @@ that, with its ``#fragment`` and ``?query`` cut, percent-decoded and with ``.``/
 normalised, resolves to the document (or to its path without the suffix) from the file's own
 directory or from the corpus root, or that ends in ``/`` and the document's corpus path (a URL,
 an absolute path). A token is bounded by the start or end of the line, white space, quotes,
-``()[]{}<>,;:|`*!=@``, and at its end also ``#``, ``?`` or a sentence's period; ``_`` and ``~``
-bound it only as emphasis (``_name_``), since they occur inside file names; ``/`` before a name
-makes the whole path the token, which must then resolve. So ``notstatus-answer.md``,
-``my_status-answer.md``, ``status-answer.md.bak`` and ``other/status-answer.md`` do not name
-``docs/notes/status-answer.md``. Paths and file names are compared case-sensitively, as the
+``()[]{}<>,;:|`*!=@``, and at its end also ``#``, ``?`` or a sentence's period (one the end of
+the line or a boundary follows); ``_`` and ``~`` bound it only as emphasis (``_name_``), since
+they occur inside file names; ``/`` before a name makes the whole path the token, which must
+then resolve. A name after a token's first ``#`` or ``?`` is in its fragment or query: the path
+before it decides (each line is tokenised once, so sealing is linear in a line's length). So
+``notstatus-answer.md``, ``my_status-answer.md``, ``status-answer.md.bak`` and
+``other/status-answer.md`` do not name ``docs/notes/status-answer.md``. Paths and file names are compared case-sensitively, as the
 workspace's file system and the session's tools do.
 
 Text is read as UTF-8 with undecodable bytes kept as they are, and split into lines at line
@@ -126,34 +147,56 @@ class SealedWorkspace:
         }
 
 
-def _corpus_entries(corpus: Path) -> tuple[list[str], list[str]]:
-    """The corpus's regular files and its links (to files and to directories), ``.git`` left out.
+def _corpus_entries(corpus: Path, expand=lambda rel: False) -> tuple[list[tuple[str, str]], list[str]]:
+    """The corpus's regular files, each as (its path, its real path), and its links (to files
+    and to directories), ``.git`` left out.
 
-    ``os.walk`` lists a link to a directory among the directories and does not descend into it;
-    it is returned as a link here, so it is copied or removed with a reason, never lost.
+    A link to a directory is not descended into: it is returned as a link, so it is copied or
+    removed with a reason, never lost; except where ``expand(path)`` says so (a linked
+    ``.claude`` the arm removes from, see ``_materialised``): that link is walked as the
+    directory it leads to, and what it holds is returned under the link's path, with its real
+    path beside it.
     """
+    real_corpus = corpus.resolve()
     files, links = [], []
-    for dirpath, dirnames, filenames in os.walk(corpus):
-        rel_dir = Path(dirpath).relative_to(corpus)
-        if rel_dir == Path("."):
-            dirnames[:] = [d for d in dirnames if d != ".git"]
-            filenames = [f for f in filenames if f != ".git"]  # a worktree's gitdir pointer
-        for name in list(dirnames):
-            full = Path(dirpath) / name
-            if full.is_symlink():
-                _check_link(corpus, full)
-                links.append((rel_dir / name).as_posix())
-        for name in filenames:
-            full = Path(dirpath) / name
-            rel = (rel_dir / name).as_posix()
-            if full.is_symlink():
-                _check_link(corpus, full)
-                links.append(rel)
-            elif not full.is_file():
+    stack = [(corpus, "", False)]
+    while stack:
+        directory, rel_dir, through_link = stack.pop()
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            full = Path(entry.path)
+            if rel == ".git":  # the history, or a worktree's gitdir pointer
+                continue
+            if entry.is_symlink():
+                target = _check_link(corpus, full)
+                if target.is_dir() and expand(rel):
+                    stack.append((full, rel, True))
+                else:
+                    links.append(rel)
+                continue
+            real = rel
+            if through_link:
+                real = Path(os.path.realpath(full)).relative_to(real_corpus).as_posix()
+                if _under(real, ".git"):
+                    continue
+            if entry.is_dir():
+                stack.append((full, rel, through_link))
+            elif not entry.is_file():
                 raise SealError(f"corpus file {rel} is not a regular file")
             else:
-                files.append(rel)
+                files.append((rel, real))
     return sorted(files), sorted(links)
+
+
+def _real_path(corpus: Path, rel: str) -> str | None:
+    """The corpus path ``rel`` leads to through the corpus's links (it need not exist), or None
+    outside the corpus."""
+    real = Path(os.path.realpath(corpus / rel))
+    if not real.is_relative_to(corpus):
+        return None
+    return real.relative_to(corpus).as_posix()
 
 
 def _check_link(corpus: Path, link: Path) -> Path:
@@ -178,12 +221,16 @@ def _under(rel: str, directory: str) -> bool:
 _BOUNDARY = frozenset("\"'()[]{}<>,;:|`*!=@")
 _EMPHASIS = "_~"
 # Line prefixes that may follow a line break inside a wrapped title: quote, heading, list,
-# comment markers. Each run of them must be followed by white space, except the last (">x").
+# comment markers, mixed with white space ("> - ", ">x"). Only after a line feed: on one line,
+# "status | of" or "status - of" is not the title.
 _LINE_PREFIX = r"[>#*+\-|;%/]"
-_GAP = rf"\s+(?:{_LINE_PREFIX}+\s+)*{_LINE_PREFIX}*"
+_SPACE = r"[^\S\n]"  # white space that is not a line break (a lone CR, VT, FF: module docstring)
+_GAP = rf"(?:{_SPACE}+|{_SPACE}*(?:\n(?:{_SPACE}|{_LINE_PREFIX})*)+)"
 _NOT_AFTER_ALNUM = r"(?<![^\W_])"
 _NOT_BEFORE_ALNUM = r"(?![^\W_])"
 _ANGLE_TARGET = re.compile(r"<([^<>\n]+)>")
+_BOUNDARY_RE = re.compile("[\\s" + re.escape("".join(sorted(_BOUNDARY))) + "]")
+_CUT_RE = re.compile(r"[#?]")
 _PERCENT_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
@@ -219,13 +266,14 @@ def _phrase(text: str) -> re.Pattern[str]:
 
 def _closes_token(line: str, j: int) -> bool:
     """Whether a token may end just before ``line[j]``: the end, a boundary, a fragment or query,
-    or a sentence's period (a period followed by a name character is a longer name: ``.bak``)."""
+    or a sentence's period, one the end or a boundary follows (``.bak`` is a longer name, and
+    ``./`` goes on with the path)."""
     if j == len(line):
         return True
     c = line[j]
     if _is_boundary(c) or c in "#?":
         return True
-    return c == "." and (j + 1 == len(line) or not _is_name_char(line[j + 1]))
+    return c == "." and (j + 1 == len(line) or _is_boundary(line[j + 1]))
 
 
 def _ends_token(line: str, j: int) -> bool:
@@ -235,17 +283,42 @@ def _ends_token(line: str, j: int) -> bool:
     return _closes_token(line, j)
 
 
-def _token_start(line: str, i: int) -> int | None:
+class _Tokens:
+    """Where the token before a position starts, and where its path part ends (its first ``#``
+    or ``?``), for positions asked in increasing order: one pass over a line however many names
+    it holds. (A scan back from each name to the token's start was quadratic on a long token,
+    ``a/x.md#a/x.md#…``: ``#`` and ``?`` end a token but do not start one.)"""
+
+    __slots__ = ("line", "pos", "begin", "cut", "resolved")
+
+    def __init__(self, line: str):
+        self.line, self.pos, self.begin, self.cut = line, 0, 0, -1
+        self.resolved: dict[int, bool] = {}  # a token's start -> whether its path part resolves
+
+    def before(self, i: int) -> tuple[int, int]:
+        """(start of the token that ``line[i - 1]`` is in, its first ``#``/``?`` before ``i`` or -1)."""
+        if i > self.pos:
+            last = None
+            for last in _BOUNDARY_RE.finditer(self.line, self.pos, i):
+                pass
+            if last is not None:
+                self.begin, self.cut = last.end(), -1
+            if self.cut < 0:
+                m = _CUT_RE.search(self.line, max(self.begin, self.pos), i)
+                if m is not None:
+                    self.cut = m.start()
+            self.pos = i
+        return self.begin, self.cut
+
+
+def _token_start(line: str, i: int, tokens: _Tokens) -> int | None:
     """Where the token holding a name that starts at ``i`` starts: ``i`` when the name stands
     alone, the start of its path when ``/`` precedes it, None when it is inside a longer word."""
     if i == 0 or _is_boundary(line[i - 1]):
         return i
     c = line[i - 1]
     if c == "/":
-        p = i - 1
-        while p > 0 and not _is_boundary(line[p - 1]):
-            p -= 1
-        return p
+        return tokens.before(i)[0]
     if c in _EMPHASIS:  # opening emphasis, when nothing but a boundary precedes it
         p = i - 1
         while p > 0 and line[p - 1] in _EMPHASIS:
@@ -323,17 +396,26 @@ class _Document:
                     if any(a in target for a in self.anchors) and self.resolves(target, rel_dir):
                         return True
             for anchor in self.anchors:
+                tokens = _Tokens(text)
                 i = text.find(anchor)
                 while i >= 0:
                     j = i + len(anchor)
-                    start = _token_start(text, i) if _ends_token(text, j) else None
+                    start = _token_start(text, i, tokens) if _ends_token(text, j) else None
                     if start == i:
                         if anchor in self.alone:
                             return True
                         if anchor in self.resolvable_alone and self.resolves(anchor, rel_dir, from_root=False):
                             return True
-                    elif start is not None and self.resolves(text[start:j], rel_dir):
-                        return True
+                    elif start is not None:
+                        cut = tokens.before(i)[1]
+                        if cut < 0:  # a token ends here: each is looked at once
+                            if self.resolves(text[start:j], rel_dir):
+                                return True
+                        else:  # a name in the fragment or query: the path part decides, once
+                            if start not in tokens.resolved:
+                                tokens.resolved[start] = self.resolves(text[start:cut], rel_dir)
+                            if tokens.resolved[start]:
+                                return True
                     i = text.find(anchor, i + 1)
         return False
 
@@ -463,14 +545,20 @@ class _Sealer:
         self.probe = probe
         self.arm = arm
         self.folds = set(config.folds)
-        self.answer_keys = [posixpath.normpath(k) for k in config.answer_keys.get(probe.id, [])]
-        self.shelves = sorted({PurePosixPath(p.path).parent.as_posix() for p in plan.probes} | {RECORDINGS_SHELF})
+        # Answer keys, shelves and the probe as declared and as their real corpus paths: a
+        # declared path may run through a linked directory, while the corpus is walked (and
+        # links are compared) by real paths.
+        declared_keys = [posixpath.normpath(k) for k in config.answer_keys.get(probe.id, [])]
+        self.answer_keys = self._with_real(declared_keys)
+        self.shelves = sorted(s for s in self._with_real(
+            [PurePosixPath(p.path).parent.as_posix() for p in plan.probes] + [RECORDINGS_SHELF]) if s != ".")
+        self.probe_paths = self._with_real([probe.path])
         # The id is matched in any case as the title is: people and tools write it lower-cased
         # (slugs, branch names, URLs) and a session may search without case, while no identifier
         # scheme tells two documents apart by case alone, so nothing but the probe is removed for
         # it. Not inside a longer word: HW-PRB-00071 is another document.
         self.phrases = [_phrase(probe.id), _phrase(probe.title)]
-        self.probe_names = _Names([_Document.of(probe.path, named_alone=False, identifiers=[])])
+        self.probe_names = _Names([_Document.of(p, named_alone=False, identifiers=[]) for p in self.probe_paths])
         identifier = plan.identifier_re
         own = {m.group(0).casefold()
                for text in (probe.title, probe.task, *probe.answers, *probe.examines)
@@ -482,6 +570,14 @@ class _Sealer:
             for k in self.answer_keys
         ])
 
+    def _with_real(self, paths: list[str]) -> list[str]:
+        out = set(paths)
+        for p in paths:
+            real = _real_path(self.corpus, p)
+            if real is not None and real != ".":
+                out.add(real)
+        return sorted(out)
+
     def names_probe(self, f: _File) -> bool:
         return any(p.search(f.folded) for p in self.phrases) or bool(self.probe_names.lines(f))
 
@@ -490,7 +586,7 @@ class _Sealer:
 
     def why_path_removed(self, rel: str) -> str | None:
         for shelf in self.shelves:
-            if shelf != "." and _under(rel, shelf):
+            if _under(rel, shelf):
                 return f"on the probe shelf {shelf}/"
         if rel in self.answer_keys:
             return "an answer key of the probe"
@@ -506,14 +602,14 @@ class _Sealer:
 
     def why_link_removed(self, target: str, removed: dict[str, str], components: frozenset[str]) -> str | None:
         """Why a link that leads to the corpus path ``target`` goes, or None."""
-        if target == self.probe.path:
+        if target in self.probe_paths:
             return "a link to the probe"
         if target in self.answer_keys:
             return "a link to an answer key of the probe"
         if _under(target, ".git"):
             return "a link into .git, which is never copied"
         for shelf in self.shelves:
-            if shelf != "." and _under(target, shelf):
+            if _under(target, shelf):
                 return f"a link into the probe shelf {shelf}/"
         if target in removed:
             return f"a link to {target}, which is removed ({removed[target]})"
@@ -524,6 +620,16 @@ class _Sealer:
     def strip_answer_key_lines(self, f: _File) -> bytes:
         spans = self.key_names.lines(f)
         return f.without(spans) if spans else f.data
+
+
+_ARM_DIRECTORIES = {SKILLS: ".claude/skills", HOOKS: ".claude/hooks"}
+
+
+def _materialised(rel: str, components: frozenset[str]) -> bool:
+    """Whether a link to a directory at ``rel`` is copied as a directory: where it is an ancestor
+    of a directory the arm removes (a linked ``.claude`` under an arm without skills or hooks).
+    As a link, the session would find the skills or hooks the arm removes through it."""
+    return any(c in components and d.startswith(rel + "/") for c, d in _ARM_DIRECTORIES.items())
 
 
 def _arm_removes(rel: str, components: frozenset[str]) -> bool:
@@ -575,13 +681,13 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
     dest.mkdir(parents=True, exist_ok=False)
     result = SealedWorkspace(path=dest, arm=arm, manifest={})
 
-    files, links = _corpus_entries(corpus)
-    for rel in files:
+    files, links = _corpus_entries(corpus, lambda rel: _materialised(rel, components))
+    for rel, real in files:
         src = corpus / rel
         target = dest / rel
         f = _File(rel, src.read_bytes())
-        why = sealer.why_removed(f)
-        if why is None and _arm_removes(rel, components):
+        why = sealer.why_removed(f) or (sealer.why_path_removed(real) if real != rel else None)
+        if why is None and (_arm_removes(rel, components) or _arm_removes(real, components)):
             why = f"removed by the {arm} arm"
         if why is not None:
             result.removed[rel] = why
@@ -621,12 +727,34 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
                 _drop_hooks(dest / rel, rel)
 
     problems = []
+    real_dest = dest.resolve()
+    for rel in sealer.answer_keys:
+        if os.path.lexists(dest / rel):
+            problems.append(f"the answer key {rel} is still there")
+    for shelf in sealer.shelves:
+        if os.path.islink(dest / shelf) or any(fs for _, _, fs in os.walk(dest / shelf)):
+            problems.append(f"the probe shelf {shelf}/ is still there")
+    for c, d in _ARM_DIRECTORIES.items():
+        if c in components and os.path.lexists(dest / d):
+            problems.append(f"{d} is still there under the {arm} arm")
+    if MCP in components and os.path.lexists(dest / ".mcp.json"):
+        problems.append(f".mcp.json is still there under the {arm} arm")
     for dirpath, _, filenames in os.walk(dest):
         for name in filenames:
             full = Path(dirpath) / name
             rel = full.relative_to(dest).as_posix()
             if full.is_symlink() and not full.exists():
                 continue
+            real = rel  # os.walk does not follow links: only a link's real path differs
+            if full.is_symlink():
+                real = Path(os.path.realpath(full)).relative_to(real_dest).as_posix()
+            for path in {rel, real}:
+                if path in sealer.answer_keys:
+                    problems.append(f"{rel} is the answer key {path}")
+                elif any(_under(path, shelf) for shelf in sealer.shelves):
+                    problems.append(f"{rel} lies on a probe shelf ({path})")
+                elif _arm_removes(path, components):
+                    problems.append(f"{rel} is still there under the {arm} arm")
             f = _File(rel, full.read_bytes())
             if not full.is_symlink():
                 result.manifest[rel] = digest.of_bytes(f.data)

@@ -3,6 +3,7 @@ links, and line splitting. Each test reproduces a defect sealing had (see runner
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -368,3 +369,174 @@ def test_a_top_level_git_file_is_not_copied(tmp_path):
     corpus = make_corpus(tmp_path, {".git": "gitdir: /elsewhere/.git/worktrees/x\n"})
     ws = do_seal(corpus, tmp_path)
     assert not (ws.path / ".git").exists()
+
+
+# --- 8. answer keys and shelves declared through a linked directory --------------------------
+
+def test_an_answer_key_declared_through_a_linked_directory_is_removed_at_both_paths(tmp_path):
+    corpus = make_corpus(tmp_path, {"src/a.md": "keep\nsee notes-src/status-answer.md\n"}, keys=())
+    write(corpus, ".headwater/probe.yml", config(keys=(KEY,)))
+    write(corpus, "notes-src/status-answer.md", "current HW-DR-0052\n")
+    write(corpus, "notes-src/other.md", "other\n")
+    (corpus / "docs/notes").symlink_to("../notes-src")
+    (corpus / "tools").mkdir()
+    (corpus / "tools/k.md").symlink_to("../notes-src/status-answer.md")
+    ws = do_seal(corpus, tmp_path)
+    assert not os.path.lexists(ws.path / "notes-src/status-answer.md")
+    assert not os.path.lexists(ws.path / "docs/notes/status-answer.md")
+    assert ws.removed["notes-src/status-answer.md"] == "an answer key of the probe"
+    assert ws.removed["tools/k.md"] == "a link to an answer key of the probe"
+    assert (ws.path / "docs/notes/other.md").read_text() == "other\n"  # the link itself stays
+    assert (ws.path / "src/a.md").read_text() == "keep\n"  # a line naming the real path goes
+
+
+def test_an_answer_key_that_is_a_link_is_removed_with_its_target(tmp_path):
+    corpus = make_corpus(tmp_path, {"data/real.md": "current HW-DR-0052\n"}, keys=())
+    write(corpus, ".headwater/probe.yml", config(keys=(KEY,)))
+    (corpus / "docs/notes").mkdir(parents=True)
+    (corpus / KEY).symlink_to("../../data/real.md")
+    ws = do_seal(corpus, tmp_path)
+    assert not os.path.lexists(ws.path / KEY)
+    assert not os.path.lexists(ws.path / "data/real.md")
+
+
+def test_a_probe_shelf_declared_through_a_linked_directory_is_removed(tmp_path):
+    plan = parse_plan({
+        "campaign": "c1", "tier": "regression", "model": "m",
+        "identity": {"lock": D, "tree": D, "selection": D, "read_set": D, "seed": 1, "harness": "h"},
+        "arms": ["present"], "repetitions": 1, "identifier_pattern": r"HW-[A-Z]+-[0-9]{4}",
+        "probes": [{"id": PID, "path": PROBE, "title": TITLE, "task": "Say the status.",
+                    "answers": ["current HW-DR-0052"], "examines": []},
+                   {"id": "HW-PRB-0008", "path": "docs/probes/other.md", "title": "Owner of billing",
+                    "task": "Who owns billing?", "answers": ["alice"], "examines": []}]})
+    corpus = tmp_path / "corpus"
+    write(corpus, "probes-src/status-of-0052.md", f"# {TITLE}\n\n## Task\nSay the status.\n")
+    write(corpus, "probes-src/other.md", "# Owner of billing\n\nanswer: alice\n")
+    write(corpus, "docs/decisions/HW-DR-0052.md", "Status: current.\n")
+    (corpus / "docs/probes").symlink_to("../probes-src")
+    ws = seal(corpus, plan, plan.probes[0], "present", tmp_path / "ws")
+    assert not os.path.lexists(ws.path / "probes-src/other.md")
+    assert not os.path.lexists(ws.path / "docs/probes")
+    assert ws.removed["probes-src/other.md"] == "on the probe shelf probes-src/"
+    assert files(ws.path) == {"docs/decisions/HW-DR-0052.md"}
+
+
+# --- 9. the arm applies through a linked .claude ---------------------------------------------
+
+CLAUDE_TREE = {"config/claude/skills/foo/SKILL.md": "---\nname: foo\n---\nskill\n",
+               "config/claude/CLAUDE.md": "memory\n",
+               "config/claude/hooks/h.sh": "echo hook\n",
+               "config/claude/commands/c.md": "a command\n",
+               "config/claude/settings.json": '{"hooks": {"Stop": []}, "model": "x"}\n'}
+
+
+@pytest.mark.parametrize("arm, gone, kept", [
+    ("no-skills", [".claude/skills/foo/SKILL.md"],
+     [".claude/CLAUDE.md", ".claude/hooks/h.sh", ".claude/commands/c.md"]),
+    ("absent", [".claude/skills/foo/SKILL.md", ".claude/CLAUDE.md", ".claude/hooks/h.sh"],
+     [".claude/commands/c.md"]),
+    ("no-claude-md", [".claude/CLAUDE.md"],
+     [".claude/skills/foo/SKILL.md", ".claude/hooks/h.sh"]),
+])
+def test_the_arm_applies_through_a_linked_claude_directory(tmp_path, arm, gone, kept):
+    corpus = make_corpus(tmp_path, CLAUDE_TREE)
+    (corpus / ".claude").symlink_to("config/claude")
+    ws = do_seal(corpus, tmp_path, arm=arm)
+    for rel in gone:
+        assert not os.path.lexists(ws.path / rel), rel
+    for rel in kept:
+        assert (ws.path / rel).is_file(), rel
+    if arm in ("no-skills", "absent"):
+        # materialised: a directory of its own, the arm applied to the path the session sees
+        assert (ws.path / ".claude").is_dir() and not (ws.path / ".claude").is_symlink()
+        assert ws.removed[".claude/skills/foo/SKILL.md"] == f"removed by the {arm} arm"
+        assert ".claude/commands/c.md" in ws.manifest
+    if arm == "absent":
+        assert "hooks" not in json.loads((ws.path / ".claude/settings.json").read_text())
+
+
+def test_a_linked_claude_directory_stays_a_link_where_the_arm_removes_nothing_under_it(tmp_path):
+    corpus = make_corpus(tmp_path, CLAUDE_TREE)
+    (corpus / ".claude").symlink_to("config/claude")
+    ws = do_seal(corpus, tmp_path, arm="present")
+    assert (ws.path / ".claude").is_symlink() and os.readlink(ws.path / ".claude") == "config/claude"
+    assert (ws.path / ".claude/skills/foo/SKILL.md").is_file()
+
+
+def test_claude_md_and_mcp_json_reached_through_links_are_removed_by_the_arm(tmp_path):
+    corpus = make_corpus(tmp_path, {"guides/CLAUDE.md": "memory\n", "guides/g.md": "guide\n",
+                                    "config/mcp.json": '{"mcpServers": {"s": {}}}\n'})
+    (corpus / "docs/guide").symlink_to("../guides")
+    (corpus / ".mcp.json").symlink_to("config/mcp.json")
+    ws = do_seal(corpus, tmp_path, arm="absent")
+    assert not os.path.lexists(ws.path / "docs/guide/CLAUDE.md")
+    assert not os.path.lexists(ws.path / "guides/CLAUDE.md")
+    assert (ws.path / "docs/guide/g.md").read_text() == "guide\n"
+    assert not os.path.lexists(ws.path / ".mcp.json")
+    assert ws.mcp_servers == []
+
+
+# --- 10. sealing is linear in a line's length ------------------------------------------------
+
+@pytest.mark.parametrize("unit", ["a/status-answer.md#", "a/status-answer.md?", "a/status-of-0052.md#"])
+def test_a_long_line_of_fragments_seals_in_linear_time(tmp_path, unit):
+    import time
+    line = unit * (1_000_000 // len(unit))
+    corpus = make_corpus(tmp_path, {"data/big.txt": line + "\n"})
+    t = time.monotonic()
+    ws = do_seal(corpus, tmp_path)
+    assert time.monotonic() - t < 5
+    assert (ws.path / "data/big.txt").read_text() == line + "\n"
+
+
+def test_a_reference_after_a_fragment_in_a_long_token_is_still_decided(tmp_path):
+    # the path part of a token is what resolves; a name in its fragment is not a reference
+    line = "x.md#a/status-answer.md#" * 1000 + " ../docs/notes/status-answer.md#top"
+    corpus = make_corpus(tmp_path, {"src/a.md": f"keep\n{line}\n", "src/b.md": "keep\nx.md#../docs/notes/status-answer.md\n"})
+    ws = do_seal(corpus, tmp_path)
+    assert (ws.path / "src/a.md").read_text() == "keep\n"
+    assert (ws.path / "src/b.md").read_text() == "keep\nx.md#../docs/notes/status-answer.md\n"
+
+
+# --- 11. the title's word gap: white space, a line prefix only after a line break ------------
+
+@pytest.mark.parametrize("text", [
+    "status | of | hw-dr-0052\n",
+    "status - of hw-dr-0052\n",
+    "status ### of hw-dr-0052\n",
+    "status // of hw-dr-0052\n",
+    "status of >hw-dr-0052\n",
+    "status of -\nhw-dr-0052\n",          # a prefix before the line break, not after it
+    "status\r- of hw-dr-0052\n",          # a lone CR is not a line break
+])
+def test_a_title_with_punctuation_between_its_words_on_a_line_is_not_the_title(tmp_path, text):
+    corpus = make_corpus(tmp_path, {"src/a.md": text.encode()})
+    ws = do_seal(corpus, tmp_path)
+    assert (ws.path / "src/a.md").read_bytes() == text.encode()
+
+
+@pytest.mark.parametrize("text", [
+    "> Status of\n> HW-DR-0052\n",
+    "# Status of\n# HW-DR-0052\n",
+    "// Status of\n// HW-DR-0052\n",
+    "- Status of\n  - HW-DR-0052\n",
+    "> Status of\n>HW-DR-0052\n",
+    "> Status\n>\n> of HW-DR-0052\n",
+    "Status of\r\n> HW-DR-0052\r\n",
+    "> > Status of\n> > HW-DR-0052\n",
+])
+def test_a_title_wrapped_with_a_line_prefix_after_the_break_names_the_probe(tmp_path, text):
+    corpus = make_corpus(tmp_path, {"src/a.md": text})
+    ws = do_seal(corpus, tmp_path)
+    assert ws.removed["src/a.md"] == "names the probe"
+
+
+def test_the_final_check_refuses_a_key_or_a_shelf_left_at_its_real_path(tmp_path, monkeypatch):
+    # the check reads paths, not only contents: a key's bytes need not name it
+    from runner import seal as seal_module
+    corpus = make_corpus(tmp_path, {"notes-src/status-answer.md": "current HW-DR-0052\n"}, keys=())
+    write(corpus, ".headwater/probe.yml", config(keys=(KEY,)))
+    (corpus / "docs/notes").symlink_to("../notes-src")
+    monkeypatch.setattr(seal_module._Sealer, "why_path_removed", lambda self, rel: None)
+    with pytest.raises(SealError, match="notes-src/status-answer.md is the answer key"):
+        do_seal(corpus, tmp_path)
