@@ -25,7 +25,7 @@ from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.testonly_killpoints import kill_point
 from runner.throttle import Backoff, Halted, Signals, observe, refused_key
-from runner.transform import corpus_identifiers, written_paths
+from runner.transform import corpus_identifiers, shown_paths, written_paths
 
 
 def store_plan(store: Store, plan: Plan) -> None:
@@ -284,7 +284,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
 
         def also(k: layout.SessionKeys, workspace: str) -> set[str]:
             assert k == keys, "an executor collects the artifacts of the session it runs"
-            return named_write_paths(parsed_stream(), workspace) | set(produced)
+            return named_write_paths(parsed_stream(), workspace) | shown_paths(produced, workspace)
 
         def started() -> None:
             ledger.start(spec.key, attempt)

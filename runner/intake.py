@@ -82,7 +82,7 @@ def confirm_parsed(t: ParsedTranscript, plan_lock: str, probe_ids: set[str]) -> 
         return IntakeResult(refusal=f"realized cost: cost_cents is {cost!r}, not a whole number of cents")
     result = IntakeResult(refusal=None)
     for event in events:
-        if not event.get("probe") or not event.get("session"):
+        if not isinstance(event.get("probe"), str) or not event.get("probe") or not event.get("session"):
             result.dropped.append({"probe": event.get("probe"), "session": event.get("session"), "reason": "an event must name a probe and a session"})
         elif event["probe"] not in probe_ids:
             result.dropped.append({"probe": event["probe"], "session": event["session"], "reason": "membership: the probe is not a classified probe of this corpus"})

@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import MAX_PREC, Decimal, localcontext
 
 from runner import layout, stream
 from runner.campaign import load_identifiers
@@ -106,8 +106,19 @@ def _not_recorded(status: str, st) -> str:
     }.get(status, f"{status} (exit status {st.detail.get('exit_code')})" if st and "exit_code" in st.detail else status)
 
 
+def exact_sum(values: list[Decimal]) -> Decimal:
+    """The sum of the result lines' cost literals, exactly: Decimal's default context keeps 28
+    significant digits, so 0.10 + 1E-30 would round to 0.10 and lose the cent it starts."""
+    with localcontext() as ctx:
+        ctx.prec = MAX_PREC
+        return sum(values, Decimal(0))
+
+
 def _cents(total: Decimal) -> int:
-    return int(math.ceil(total * 100))
+    """Whole cents, rounded up, of an exact sum (the product computed as exactly as the sum)."""
+    with localcontext() as ctx:
+        ctx.prec = MAX_PREC
+        return int(math.ceil(total * 100))
 
 
 def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[dict], planned: int,
@@ -132,7 +143,8 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
     if limited:
         prose.append(f"The time limit ended {len(limited)} session(s) before the harness finished "
                      f"({', '.join(f'{o.probe} {o.session}' for o in limited)}): each is recorded with the calls "
-                     f"it made until then and answer null, and states no cost of its own.")
+                     f"it made until then, and with answer null unless its result line had arrived; a session "
+                     f"without a result line states no cost.")
     known = sum(1 for o in outcomes if o.cost_usd is not None)
     prose.append(
         f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused "
@@ -178,8 +190,8 @@ def run_job(store: Store, plan: Plan) -> JobReport:
         outcomes = [o for o, _ in captured]
         captures = [c for _, c in captured]
         costs = [o.cost_usd for o in outcomes if o.cost_usd is not None]
-        total = sum(costs, Decimal(0))
-        report.cost_usd += total
+        total = exact_sum(costs)
+        report.cost_usd = exact_sum([report.cost_usd, total])
         key = layout.transcript_key(plan.campaign, plan.tier.value, arm)
         if not captured:
             report.arms.append(ArmResult(arm, None, 0, "no session of this arm was captured"))

@@ -77,8 +77,10 @@ MAX_VALUE_DEPTH = 64
 # orjson reads an integer beyond 64 bits as a float; a float this large may have been one.
 _INT_RANGE = float(2**63)
 # A cost beyond this is corruption, not a cost, and its whole cents would overflow what a
-# transcript can carry.
+# transcript can carry; so is one finer than this many decimal places (a float's literal has
+# about 20), which an exact sum would have to carry digit by digit.
 MAX_COST_USD = Decimal(10) ** 9
+MAX_COST_PLACES = 64
 
 
 @dataclass(slots=True)
@@ -191,7 +193,9 @@ def _reference(raw: bytes, n: int, last: bool) -> object:
     """What the standard library's json reads from a line, or _Unreadable with the reason."""
     try:
         text = raw.decode("utf-8")  # explicit: json.loads(bytes) would accept UTF-16 and UTF-32
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as e:
+        if last and not raw.endswith(b"\n") and e.end == len(raw) and e.reason == "unexpected end of data":
+            raise _Truncated(f"the stream is truncated: line {n} ends inside a character, without a newline") from None
         raise _Unreadable(f"line {n} is not valid UTF-8") from None
     try:
         return json.loads(text)
@@ -308,7 +312,8 @@ def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, stat
     elif kind == "result":
         cost = _result_cost(json.loads(raw, parse_float=Decimal))  # exact: summed from the line's own literal
         out.result = obj
-        if cost is not None and not (cost.is_finite() and 0 <= cost < MAX_COST_USD):
+        if cost is not None and not (cost.is_finite() and 0 <= cost < MAX_COST_USD
+                                     and cost.as_tuple().exponent >= -MAX_COST_PLACES):
             out.problems.append(f"line {n}: the result line states a cost of {cost} USD, which is not a cost")
             cost = None
         out.cost_usd = cost
@@ -335,13 +340,14 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, use
         return
     content = message.get("content")
     if isinstance(content, list):
-        for b in content:
-            if (isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(i := b.get("input"), (dict, list))
-                    and _needs_reference(i, n)):
-                obj = _reference(raw, n, last)
-                message = obj["message"]
-                content = message.get("content")
-                break
+        suspicious = False
+        for b in content:  # every input, not only up to the first suspicious one: each is held to the depth limit
+            if isinstance(b, dict) and b.get("type") == "tool_use" and isinstance(i := b.get("input"), (dict, list)):
+                suspicious |= _needs_reference(i, n)
+        if suspicious:
+            obj = _reference(raw, n, last)
+            message = obj["message"]
+            content = message.get("content")
     parent = obj.get("parent_tool_use_id")
     model = message.get("model")
     if parent is None and isinstance(model, str) and model and model != "<synthetic>":
@@ -373,11 +379,13 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _
     if not isinstance(content, list):
         return
     results = [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
-    for block in results:
-        if not isinstance(block.get("content"), str) and _needs_reference(block.get("content"), n):
-            obj = _reference(raw, n, last)
-            results = [b for b in obj["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
-            break
+    suspicious = False
+    for block in results:  # every block, so that each is held to the depth limit
+        if not isinstance(block.get("content"), str):
+            suspicious |= _needs_reference(block.get("content"), n)
+    if suspicious:
+        obj = _reference(raw, n, last)
+        results = [b for b in obj["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
     for block in results:
         tid = block.get("tool_use_id")
         if not isinstance(tid, str) or tid not in state.uses:

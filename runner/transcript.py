@@ -332,6 +332,8 @@ def _parse(text: str, load: Callable[[str], object]) -> ParsedTranscript:
         front = load(text[first + 1:pos - 1] if pos > first + 1 else "") or {}
     except yaml.YAMLError as e:
         raise TranscriptError(f"the front matter is not YAML: {e}".replace("\n", " ")) from None
+    except (ValueError, TypeError, OverflowError) as e:  # PyYAML's constructors: a date like 2020-13-45, !!float abc
+        raise TranscriptError(f"the front matter holds a value YAML cannot construct: {e}") from None
     except RecursionError:  # PyYAML's composer recurses once per level
         raise TranscriptError("the front matter is nested too deeply to read") from None
     if not isinstance(front, dict) or front.get("kind") != KIND:
@@ -348,6 +350,8 @@ def _parse(text: str, load: Callable[[str], object]) -> ParsedTranscript:
             blocks[heading] = load(found[0][1])
         except yaml.YAMLError as e:
             raise TranscriptError(f"the block under '## {heading}' is not YAML: {e}".replace("\n", " ")) from None
+        except (ValueError, TypeError, OverflowError) as e:
+            raise TranscriptError(f"the block under '## {heading}' holds a value YAML cannot construct: {e}") from None
         except RecursionError:
             raise TranscriptError(f"the block under '## {heading}' is nested too deeply to read") from None
     return ParsedTranscript(front=front, identity=blocks[IDENTITY_HEADING], events=blocks[EVENTS_HEADING])

@@ -185,24 +185,60 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
 # option's or assignment's ``name=``; a word with neither is the path itself.
 _PATH_IN_WORD = re.compile(r"(?:[0-9]*(?:&>>?|>>?&?|<<<|<>?|>\|)|-{0,2}[A-Za-z_][\w.-]*=)?(.*)", re.S)
 _HEREDOC = re.compile(r"<<-?[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|\\?([^\s;&|<>()'\"]+))")
+# What can change how the scan reads on: a line break, a quote, an escape, a comment, arithmetic
+# (``$((`` or ``((`` ... ``))``, where ``<<`` is a shift) and ``<<`` itself.
+_SCAN = re.compile(r"[\n'\"\\#]|\$?\(\(|\)\)|<<")
 
 
 def _without_heredoc_bodies(command: str) -> str:
     """The command without the bodies of its here-documents (from the line after ``<<WORD`` to
-    the line that is WORD, leading tabs too for ``<<-``); a body never closed runs to the end."""
+    the line that is WORD, leading tabs too for ``<<-``); a body never closed runs to the end.
+    ``<<`` counts only where the shell reads it as an operator: not inside quotes, a comment or
+    arithmetic, and not as ``<<<`` (a here-string, which has no body)."""
     out: list[str] = []
     pending: list[tuple[str, bool]] = []
-    for line in command.split("\n"):
-        if pending:
-            word, strip_tabs = pending[0]
-            if (line.lstrip("\t") if strip_tabs else line) == word:
-                pending.pop(0)
-            continue
-        out.append(line)
-        for m in _HEREDOC.finditer(line):
-            if line[max(0, m.start() - 1):m.start()] != "<":  # <<< is a here-string, no body
-                pending.append((m.group(1) or m.group(2) or m.group(3) or "", m.group(0).startswith("<<-")))
-    return "\n".join(out)
+    quote = ""
+    arithmetic = 0
+    i, n, kept = 0, len(command), 0
+    while (m := _SCAN.search(command, i)) is not None:
+        token, i = m.group(0), m.end()
+        if quote == "'":
+            quote = "" if token == "'" else quote
+        elif quote == '"':
+            if token == "\\":
+                i += 1
+            elif token == '"':
+                quote = ""
+        elif token == "\n":
+            if pending:
+                out.append(command[kept:i])
+                for word, strip_tabs in pending:  # the bodies, in the order they were opened
+                    while i < n:
+                        end = command.find("\n", i)
+                        line, i = (command[i:], n) if end < 0 else (command[i:end], end + 1)
+                        if (line.lstrip("\t") if strip_tabs else line) == word:
+                            break
+                pending, kept = [], i
+        elif token == "\\":
+            i += 1
+        elif token in ("'", '"'):
+            quote = token
+        elif token == "#":
+            if m.start() == 0 or command[m.start() - 1] in " \t\n;&|(":
+                end = command.find("\n", i)
+                i = n if end < 0 else end  # the line break itself is read next
+        elif token.endswith("(("):
+            arithmetic += 1
+        elif token == "))":
+            arithmetic = max(0, arithmetic - 1)
+        elif not arithmetic:  # <<
+            if command.startswith("<", i):
+                i += 1  # <<<: a here-string
+            elif (h := _HEREDOC.match(command, m.start())) is not None:
+                pending.append((h.group(1) or h.group(2) or h.group(3) or "", h.group(0).startswith("<<-")))
+                i = h.end()
+    out.append(command[kept:])
+    return "".join(out)
 
 
 # A command as shlex reads it (posix, whitespace_split, comments), one word at a time: a word of
@@ -232,7 +268,13 @@ def _shell_words(command: str) -> list[str]:
     shlex reads a character at a time in Python and cost more than parsing the stream; this reads
     a word at a time with one pattern (held to shlex by tests/unit/test_properties.py)."""
     words = []
-    for word, _comment, open_ in _SHELL_WORD.findall(command):
+    # White space at the very end matches no word: stripped, or findall would retry the pattern from
+    # every position in it (quadratic in its length); the first of it stays after a backslash,
+    # which may escape it.
+    stripped = command.rstrip(" \t\r\n")
+    if stripped.endswith("\\") and len(stripped) < len(command):
+        stripped = command[:len(stripped) + 1]
+    for word, _comment, open_ in _SHELL_WORD.findall(stripped):
         if open_:
             return command.split()
         if word:
@@ -247,10 +289,16 @@ def corpus_identifiers(texts: Iterable[str], identifier: re.Pattern[str]) -> fro
     return frozenset(m.group(0) for text in texts for m in bounded.finditer(text))
 
 
+_INLINE_FLAGS = re.compile(r"(?:\(\?[aiLmsux]+\))+")
+
+
 def token_bounded(identifier: re.Pattern[str]) -> re.Pattern[str]:
     """The pattern matched as a whole token: not inside a longer run of letters, digits, ``_`` or
-    ``-`` (``HW-DR-00521`` and ``XHW-DR-0007Y`` hold no ``HW-DR-0052`` or ``HW-DR-0007``)."""
-    return re.compile(r"(?<![\w-])(?:" + identifier.pattern + r")(?![\w-])", identifier.flags)
+    ``-`` (``HW-DR-00521`` and ``XHW-DR-0007Y`` hold no ``HW-DR-0052`` or ``HW-DR-0007``). Global
+    inline flags (``(?i)``) stay at the front, where Python requires them."""
+    flags = _INLINE_FLAGS.match(identifier.pattern)
+    lead = flags.group(0) if flags else ""
+    return re.compile(lead + r"(?<![\w-])(?:" + identifier.pattern[len(lead):] + r")(?![\w-])", identifier.flags)
 
 
 def cites_of(data: bytes, identifier: re.Pattern[str], known: frozenset[str]) -> list[str]:
@@ -325,6 +373,12 @@ def result_needed(facts: SessionFacts) -> ResultNeeded:
         return rel is None or rel in written or rel not in facts.manifest
 
     return needed
+
+
+def shown_paths(named: Iterable[str], workspace: str) -> set[str]:
+    """Paths as the transform shows them: relative to the workspace when inside it."""
+    paths = _Paths(workspace)
+    return {paths.show(p) for p in named}
 
 
 def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:

@@ -26,6 +26,21 @@ def host_skill_names(environ: dict[str, str] | None = None) -> list[str]:
     return sorted(names)
 
 
+def _through_links(workspace: Path, named: set[str]) -> set[str]:
+    """The workspace paths that named paths lead to through the workspace's links (a write
+    through a linked directory changed the file it leads to); paths leading out are dropped."""
+    root = workspace.resolve()
+    found = set()
+    for rel in named:
+        try:
+            real = (workspace / rel).resolve()
+        except (OSError, RuntimeError):  # a loop of links the session made: it leads nowhere
+            continue
+        if real != root and real.is_relative_to(root):
+            found.add(real.relative_to(root).as_posix())
+    return found
+
+
 def collect_workspace(workspace: Path, manifest: dict[str, str], also: set[str], store: Store, keys: SessionKeys) -> dict:
     """Store every file the session created or changed (and those in ``also`` that exist).
 
@@ -36,6 +51,7 @@ def collect_workspace(workspace: Path, manifest: dict[str, str], also: set[str],
     stored: list[str] = []
     links: dict[str, str] = {}
     seen: set[str] = set()
+    also = also | _through_links(workspace, also)
     for dirpath, dirnames, filenames in os.walk(workspace):
         for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
             full = Path(dirpath) / name

@@ -399,7 +399,27 @@ def test_path_inputs_and_rooted_glob_patterns_outside_are_counted():
 def test_heredoc_bodies_are_dropped_and_the_command_kept():
     assert _without_heredoc_bodies("cat > a <<EOF\nbody\nEOF\nls x") == "cat > a <<EOF\nls x"
     assert _without_heredoc_bodies('cat <<"A" <<B\n1\nA\n2\nB\nend') == 'cat <<"A" <<B\nend'
-    assert _without_heredoc_bodies("cat <<EOF\nnever closed") == "cat <<EOF"
+    assert _without_heredoc_bodies("cat <<EOF\nnever closed") == "cat <<EOF\n"
+
+
+@pytest.mark.parametrize("command", [
+    'grep -n "<<EOF" a.sh\ncat ~/.ssh/id_rsa',        # quoted: a pattern, not an operator
+    "echo $((1<<4))\ncat ~/.ssh/id_rsa",               # arithmetic: a shift
+    "(( x = 1 << 4 ))\ncat ~/.ssh/id_rsa",
+    'python3 -c "print(1<<4)\nx = 2"\ncat ~/.ssh/id_rsa',  # inside a string over two lines
+    "# see <<EOF\ncat ~/.ssh/id_rsa",                 # a comment
+    "cat <<<EOF\ncat ~/.ssh/id_rsa",                  # a here-string has no body
+])
+def test_a_double_less_than_that_opens_no_heredoc_hides_nothing(command):
+    out = _event((use("t1", "Bash", command=command), res("t1", "x")))
+    assert out.outside_paths == ["~/.ssh/id_rsa"]
+
+
+def test_trailing_white_space_costs_linear_time():
+    import time
+    started = time.process_time()
+    out = _event((use("t1", "Bash", command="cat /etc/x" + " " * 200_000), res("t1", "x")))
+    assert out.outside_paths == ["/etc/x"] and time.process_time() - started < 2  # was minutes: quadratic
 
 
 def test_a_write_through_a_linked_directory_is_the_file_it_changed():
@@ -440,3 +460,33 @@ def test_a_session_the_driver_ended_at_its_time_limit_is_an_observation():
 def test_the_memory_path_check_resolves_dot_dot(memory, refused):
     reasons = refusals(dict(INIT, memory_paths={"auto": memory}), InitContext(config_dir="/run/probe/config"))
     assert bool(reasons) is refused
+
+
+def test_an_identifier_pattern_with_inline_flags_cites_on_token_bounds():
+    ident = re.compile(r"(?i)hw-[a-z]+-[0-9]{4}")
+    assert corpus_identifiers(["see HW-DR-0052 and hw-dr-00521"], ident) == {"HW-DR-0052"}
+
+
+def test_a_timed_out_stream_cut_inside_a_character_is_still_an_observation():
+    cut = lines_of([INIT, asst(use("t1", "Read", file_path="/workspace/a.md")), res("t1", "doc")])
+    cut.append('{"type":"assistant","message":{"content":[{"type":"text","text":"—'.encode()[:-1])
+    assert stream.parse(cut, ended_by_driver=True).problems == []
+    assert "line 4 is not valid UTF-8" not in stream.parse(cut).problems  # without the kill: truncated, as it is
+    assert any("truncated" in p for p in stream.parse(cut).problems)
+
+
+def test_every_tool_input_of_a_line_is_held_to_the_depth_limit():
+    deep: object = "x"
+    for _ in range(500):
+        deep = [deep]
+    line = {"type": "assistant", "message": {"content": [use("t1", "X", n=1e300), use("t2", "Y", d=deep)]}}
+    assert any("deeper than" in p for p in stream.parse(lines_of([INIT, line, result()])).problems)
+
+
+def test_a_cost_finer_than_a_cost_can_be_is_refused_and_sums_are_exact():
+    from runner.intake_job import _cents, exact_sum
+    raw = b'{"type":"result","subtype":"success","result":"x","total_cost_usd":1E-100000000}\n'
+    parsed = stream.parse(lines_of([INIT]) + [raw])
+    assert parsed.cost_usd is None and "which is not a cost" in parsed.problems[0]
+    total = exact_sum([Decimal("0.10"), Decimal("1E-30")])
+    assert total == Decimal("0.100000000000000000000000000001") and _cents(total) == 11  # 28 digits gave 10

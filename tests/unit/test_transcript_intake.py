@@ -166,3 +166,18 @@ def test_a_block_nested_past_the_recursion_limit_is_refused_with_its_reason():
         assert refusal is not None and refusal.startswith("format: the block under '## Events'"), refusal
     front = "---\nkind: probe_transcript\nx: " + "[" * 3000 + "]" * 3000 + "\n---\n"
     assert confirm(front + good.split("---\n", 2)[2], LOCK, {"p1"}).refusal == "format: the front matter is nested too deeply to read"
+
+
+@pytest.mark.parametrize("old, new, reason", [
+    ("answer: current HW-DR-0052", "answer: 2020-13-45", "holds a value YAML cannot construct: month must be in 1..12"),
+    ("answer: current HW-DR-0052", "answer: !!float abc", "holds a value YAML cannot construct"),
+    ("kind: probe_transcript", "kind: probe_transcript\nat: 2020-02-30", "the front matter holds a value YAML cannot construct"),
+])
+def test_a_value_yaml_cannot_construct_is_a_refusal_not_a_traceback(old, new, reason):
+    result = confirm(text().replace(old, new, 1), LOCK, {"p1", "p2"})
+    assert result.refusal is not None and reason in result.refusal
+
+
+def test_an_event_whose_probe_is_not_a_string_is_dropped():
+    result = confirm(text().replace("- probe: p1", "- probe: [1]", 1), LOCK, {"p1", "p2"})
+    assert result.refusal is None and [d["reason"] for d in result.dropped] == ["an event must name a probe and a session"]
