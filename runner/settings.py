@@ -70,7 +70,9 @@ class ThrottleSettings(BaseModel):
 
 class LocalSettings(BaseModel):
     workdir: Path = Field(
-        Path(tempfile.gettempdir()) / "probe-runner",
+        # a factory: gettempdir() at import would fail the runner image's read-only root wherever
+        # no temp directory is mounted (the session pod's reader), although nothing there uses it
+        default_factory=lambda: Path(tempfile.gettempdir()) / "probe-runner",
         description="Scratch directory for sealed workspaces and configuration directories of the "
         "local executor; must lie outside $HOME. Default: <system temp>/probe-runner.",
     )
