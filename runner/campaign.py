@@ -49,10 +49,7 @@ def store_corpus(store: Store, campaign: str, corpus: Path) -> str:
     """The corpus as a tar.gz under the campaign (create-only, like the plan); its digest."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for p in sorted(corpus.rglob("*")):
-            rel = p.relative_to(corpus)
-            if rel.parts[0] == ".git":
-                continue
+        for rel, p in _corpus_entries(corpus):
             info = tar.gettarinfo(str(p), arcname=rel.as_posix())
             info.uid = info.gid = 0
             info.uname = info.gname = ""
@@ -78,12 +75,17 @@ def corpus_fingerprint_of_archive(data: bytes) -> str:
         return corpus_fingerprint(Path(d) / "corpus")
 
 
-def _corpus_texts(corpus: Path):
-    """Each file's corpus path and text (.git excluded), for the identifiers the corpus carries."""
+def _corpus_entries(corpus: Path):
+    """(path relative to the corpus, path) of everything in the corpus but ``.git``, in order."""
     for p in sorted(corpus.rglob("*")):
         rel = p.relative_to(corpus)
-        if rel.parts[0] == ".git":
-            continue
+        if rel.parts[0] != ".git":
+            yield rel, p
+
+
+def _corpus_texts(corpus: Path):
+    """Each file's corpus path and text (.git excluded), for the identifiers the corpus carries."""
+    for rel, p in _corpus_entries(corpus):
         yield rel.as_posix()
         if p.is_file() and not p.is_symlink():
             yield p.read_bytes().decode("utf-8", "replace")
@@ -137,10 +139,7 @@ def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> dict:
 def corpus_fingerprint(corpus: Path) -> str:
     """A digest over every file of the corpus (paths and bytes, .git excluded)."""
     lines = []
-    for p in sorted(corpus.rglob("*")):
-        rel = p.relative_to(corpus)
-        if rel.parts and rel.parts[0] == ".git":
-            continue
+    for rel, p in _corpus_entries(corpus):
         if p.is_symlink():
             lines.append(f"{rel.as_posix()} -> {p.readlink()}")
         elif p.is_file():

@@ -82,7 +82,7 @@ from urllib.parse import unquote
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runner import digest
-from runner.answer import answer_of
+from runner.answer import stated
 from runner.errors import SealError, UserError
 from runner.plan import Plan, Probe, format_validation_error, parse_document
 
@@ -514,7 +514,7 @@ def _stated_answer(text: str, answers: list[str]) -> str | None:
 
     The contract's word rule decides what a *session's* final line answers; the seal asks the
     converse, whether a reader of the fold can take an answer from it, so it applies that rule
-    to every line (``answer.answer_of`` on each line: the set of its words is the set of one
+    to every line (``answer.stated`` on each line: the set of its words is the set of one
     answer's words, in any order) and also to the sentences around it: a run of consecutive
     words (across line breaks; edge punctuation such as ``**``, backticks or a colon cut off)
     whose words are one answer's words. "The answer is current HW-DR-0052" states the answer to
@@ -523,10 +523,8 @@ def _stated_answer(text: str, answers: list[str]) -> str | None:
     missed.
     """
     for line in text.split("\n"):
-        if line.strip():
-            stated = answer_of(line, answers)
-            if stated is not None:
-                return stated
+        if (found := stated(line, answers)) is not None:
+            return found
     words = _loose_words(text)
     for answer in answers:
         want = sorted(_loose_words(answer))
