@@ -95,6 +95,7 @@ def main() -> int:
             env = {**os.environ, "RUNNER_STORE": (base / f"store-{side}").as_uri(), "RUNNER_KUBE__NAMESPACE": ns,
                    "RUNNER_KUBE__KUBECONFIG": str(cluster.kubeconfig), "RUNNER_KUBE__CREDENTIALS_SECRET": "provider",
                    "RUNNER_PROVIDER__API_KEY": "k", "RUNNER_LOCAL__WORKDIR": str(base / f"work-{side}"),
+                   "RUNNER_KUBE__CANARY_ENABLED": "false",  # KWOK runs no container to measure with
                    "PYTHONPATH": str(REPO)}
             if side == "controller":
                 argv = [sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(demo.CORPUS),

@@ -125,9 +125,27 @@ def fetch_corpus(store: Store, campaign: str, dest: Path) -> Path:
 
 
 def _unpack(data: bytes, dest: Path) -> None:
+    """The corpus archive from the bucket (a trust boundary) into ``dest``: the standard
+    library's "data" filter where the interpreter has it (3.11.4+); before that (Debian
+    bookworm's 3.11.2, the harness image's python3 and a python stand-in), the same refusals
+    checked member by member: nothing absolute, nothing above ``dest``, no link that leads out
+    of it, regular files, directories and links only."""
     dest.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+            return
+        root = dest.resolve()
+        members = tar.getmembers()
+        for m in members:
+            target = (root / m.name).resolve()
+            link = (target.parent / m.linkname).resolve() if m.issym() else (root / m.linkname).resolve()
+            if (m.name.startswith("/") or not target.is_relative_to(root) or not (m.isfile() or m.isdir() or m.issym()
+                                                                               or m.islnk())
+                    or ((m.issym() or m.islnk()) and (m.linkname.startswith("/") or not link.is_relative_to(root)))):
+                raise UserError(f"the stored corpus archive holds {m.name!r}, which would land outside the corpus; "
+                                "it was not unpacked")
+        tar.extractall(dest, members=members)
 
 
 def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> dict:
@@ -179,6 +197,7 @@ class RunReport:
     skipped: dict[str, str] = field(default_factory=dict)  # session -> status it already had
     interrupted: list[str] = field(default_factory=list)
     halted: str | None = None  # why session starts stopped (a refused key), or None
+    unconfined: str | None = None  # why session starts stopped (a failed confinement check), or None
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path, concurrency: int,
@@ -216,6 +235,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
+        why = executor.halted() if hasattr(executor, "halted") else None
+        if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
+            report.unconfined = why
+            progress.session(spec, f"not started ({why})", None)
+            return
         if backoff is not None and not adopt:
             try:
                 backoff.wait()
@@ -242,6 +266,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
         for f in [pool.submit(one, item) for item in todo]:
             f.result()
     report.halted = backoff.halted if backoff is not None else None
+    if report.unconfined is None and hasattr(executor, "halted"):
+        report.unconfined = executor.halted()
     return report
 
 

@@ -207,6 +207,10 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
         job = run_job(store, plan)
     code = _print_report(store, plan, job)
+    if report.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
+        print(f"halted: {report.unconfined}; no further session was started. Fix the cluster's network policy, "
+              "then run again", file=sys.stderr)
+        return EXIT_CONFINEMENT
     if report.halted:  # a setting to fix, not a run to retry: a Job fails at once on 2
         print(f"halted: {report.halted}; fix the provider's key, then run again", file=sys.stderr)
         return EXIT_USAGE

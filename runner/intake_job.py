@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import MAX_PREC, Decimal, localcontext
 
 from runner import layout, stream
@@ -89,7 +89,36 @@ def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys,
     )
     parsed = stream.parse(store.iter_lines(keys.stream), result_needed(facts), ended_by_driver=timed_out)
     probe = plan.probe(keys.probe)
-    return transform(parsed, facts, probe.answers, plan.identifier_re), capture
+    outcome = transform(parsed, facts, probe.answers, plan.identifier_re)
+    failed = [c for c in capture.get("confinement_checks") or [] if not c.get("passed")]
+    if failed and outcome.event is not None:
+        # "Confinement measured": a session that ran while a check found a route open, or the
+        # provider path shut, was not confined as stated, so it is no event.
+        c = failed[0]
+        outcome = replace(outcome, event=None, refusals=[*outcome.refusals, (
+            f"confinement check {c['check']} at {c['at']} failed while this session ran: {c.get('problem', '')}")])
+    return outcome, capture
+
+
+def _measured_confinement(captures: list[dict]) -> str | None:
+    """What the canary checks recorded with these sessions measured (kubernetes executor)."""
+    if not any(c.get("executor") == "kubernetes" for c in captures):
+        return None
+    checks = {(c["at"], c["check"]): c for cap in captures for c in cap.get("confinement_checks") or []}
+    if not checks:
+        return ("Confinement was not measured for these sessions: the controller ran no canary check "
+                "(kube.canary_enabled was false).")
+    ats = sorted(at for at, _ in checks)
+    tried = sorted({r["route"] for c in checks.values() for r in c.get("routes", [])})
+    failed = [c for _, c in sorted(checks.items()) if not c.get("passed")]
+    text = (f"Confinement was measured, not assumed: {len(checks)} canary check(s) from {ats[0]} to {ats[-1]} ran a "
+            f"pod with the session pods' labels, image and network policies, which tried {len(tried)} routes "
+            f"({'; '.join(tried)}). ")
+    if not failed:
+        return text + ("In every check each route was closed but the provider through the egress proxy, "
+                       "which answered.")
+    return text + " ".join(f"Check {c['check']} at {c['at']} failed: {c.get('problem', '')}; the sessions it "
+                           "overlapped are refused." for c in failed)
 
 
 def _not_recorded(status: str, st) -> str:
@@ -132,6 +161,7 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
         CONTRACT_PROSE.format(allowed="; ".join(allowed)),
         COMPARABILITY_PROSE,
         *sorted({c["confinement"] for c in captures}),
+        *([m] if (m := _measured_confinement(captures)) else []),
     ]
     outside = [(o, len(o.outside_paths)) for o in outcomes if o.outside_paths]
     if outside:

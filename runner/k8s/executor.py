@@ -29,9 +29,10 @@ from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserEr
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, is_transient
+from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.manifests import WORKSPACE
 from runner.k8s.podcache import PodCache
-from runner.k8s.pod import TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
+from runner.k8s.pod import OPEN_NETWORK_EXIT, TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
 from runner.layout import SessionKeys
 from runner.ledger import now
 from runner.plan import Plan, Probe
@@ -43,7 +44,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 CONFINEMENT_PROSE = (
     "Each session ran in its own Kubernetes pod (kubernetes executor): non-root, read-only root "
     "filesystem, all capabilities dropped, seccomp RuntimeDefault, no service-account token; its "
-    "only network route was the egress proxy, which allows CONNECT to the provider host alone. "
+    "only network route was meant to be the egress proxy, which allows CONNECT to the provider host alone. "
     "Its standard output was a Unix socket held by a reader in another container under another uid."
 )
 START_ATTEMPTS = 3
@@ -60,6 +61,7 @@ class KubernetesExecutor:
     cache: PodCache | None = None
     problems: list[str] = field(default_factory=list)
     proxy_url: str | None = None  # HTTPS_PROXY of session pods, by address (set by preflight)
+    monitor: ConfinementMonitor | None = None  # the canary checks (started by prepare)
 
     def __post_init__(self) -> None:
         k = self.settings.kube
@@ -76,7 +78,9 @@ class KubernetesExecutor:
 
         k = self.settings.kube
         probe_labels = names.session_labels(k.instance, "preflight", "preflight", "preflight", 1)
-        foreign = foreign_policies_selecting(self.kube.network_policies(), probe_labels, own_policy_names(self.settings))
+        own = own_policy_names(self.settings)
+        self._foreign = lambda: foreign_policies_selecting(self.kube.network_policies(), probe_labels, own)
+        foreign = self._foreign()
         if foreign:
             raise UserError(
                 f"namespace {k.namespace}: NetworkPolicy {', '.join(sorted(foreign))} also selects session pods; "
@@ -101,9 +105,19 @@ class KubernetesExecutor:
                 self._delete(name)
             else:
                 live.add(key)
+        if k.canary_enabled:
+            assert self.proxy_url is not None, "preflight() first"
+            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.proxy_url, self._foreign)
+            self.monitor.start()
         return live
 
+    def halted(self) -> str | None:
+        """Why no further session may start (a failed confinement check), or None."""
+        return self.monitor.halted if self.monitor is not None else None
+
     def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
         if self.cache is not None:
             self.cache.stop()
 
@@ -115,6 +129,7 @@ class KubernetesExecutor:
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
                                          self.proxy_url)
         name = manifest["metadata"]["name"]
+        checks_before = self.monitor.count() if self.monitor is not None else 0
         self._start_pod(name, manifest)
         if self._exec(name, is_delivered_argv(), check=False).code != 0:
             started()
@@ -128,6 +143,9 @@ class KubernetesExecutor:
             detail = self._salvage(name, spool, store, keys)
             raise SessionInterrupted(reason, {"reason": reason, **detail})
         term = end[1]
+        if term.get("exitCode") == OPEN_NETWORK_EXIT:
+            raise SessionRefused("the session pod's network policy was not in force: the API server was still "
+                                 "reachable from it when the harness was to start; the CLI did not run")
         if term.get("exitCode") == UNCONFINED_EXIT:
             raise SessionRefused("the harness container could not be confined: the CLI's ELF loader is readable, so the "
                                  "session could have written into its stream (the harness image must make it execute-only); "
@@ -141,12 +159,17 @@ class KubernetesExecutor:
         ended_at = now()
         collected = self._collect(name, scratch, sealed, store, keys, also_collect)
         exit_code = term.get("exitCode")
+        pod = self.cache.get(name) or {}
         return {
             "executor": self.name,
             "confinement": self.confinement,
             "network_confined": True,
-            "pod": {"name": name, "namespace": self.settings.kube.namespace, "node": (self.cache.get(name) or {}).get("spec", {}).get("nodeName")},
-            "harness": {"image": self.settings.kube.harness_image, "version": self.harness_version,
+            # The canary checks from the one in force when this session started to its end;
+            # empty where kube.canary_enabled is false (the transcript then says so).
+            "confinement_checks": self.monitor.since(checks_before) if self.monitor is not None else [],
+            "pod": {"name": name, "namespace": self.settings.kube.namespace, "node": pod.get("spec", {}).get("nodeName")},
+            "harness": {"image": self.settings.kube.harness_image, "image_id": podstate.image_id(pod, "harness"),
+                        "version": self.harness_version,
                         "argv": manifests.harness_args(plan, self.settings),
                         "allowed_tools": self.settings.harness.allowed_tools,
                         "disallowed_tools": self.settings.harness.disallowed_tools},

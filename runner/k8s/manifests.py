@@ -31,6 +31,7 @@ CONFIG_DIR = "/run/probe/config"
 SOCKET_DIR = "/run/probe/socket"
 CAPTURE_DIR = "/run/probe/capture"
 SECRET_DIR = "/run/probe/secret"
+PROVIDER_CA_DIR = "/run/probe/provider-ca"
 HARNESS_EXECUTABLE = "claude"
 POD_MODULE = ["python3", "-m", "runner.k8s.pod"]
 
@@ -91,6 +92,9 @@ def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict]:
         "PROBE_TIMEOUT_SECONDS": f"{settings.harness.timeout_seconds:g}",
         "PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json",
     })
+    if k.provider_ca_configmap:
+        # Node's extra roots, read by the CLI at start (it keeps the public ones too).
+        env.append({"name": "NODE_EXTRA_CA_CERTS", "value": f"{PROVIDER_CA_DIR}/ca.crt"})
     if k.credentials_secret:
         env.append({"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
             "name": k.credentials_secret, "key": "api-key", "optional": True}}})
@@ -116,6 +120,10 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "socket", "mountPath": SOCKET_DIR},
     ]
+    if k.provider_ca_configmap:
+        volumes.append({"name": "provider-ca", "configMap": {
+            "name": k.provider_ca_configmap, "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
+        harness_mounts.append({"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True})
     if k.credentials_secret:
         volumes.append({"name": "credentials", "secret": {
             "secretName": k.credentials_secret, "optional": True, "defaultMode": 0o400,
@@ -201,6 +209,61 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                 ANNOTATION_SESSION: session,
                 ANNOTATION_ATTEMPT: str(attempt),
             },
+        },
+        "spec": spec,
+    }
+
+
+CANARY_PROBE = "canary"  # the probe label of canary pods: no plan may use it (names.py keeps probe ids apart)
+ANNOTATION_CANARY = f"{names.GROUP}/canary"
+
+
+def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, proxy_url: str) -> dict:
+    """The confinement canary of check number ``check`` (runner/k8s/canary.py): a session pod's
+    labels, image, uid, security context and proxy, running the canary instead of the harness,
+    bounded by ``activeDeadlineSeconds``. Its report is its termination message."""
+    k = settings.kube
+    volumes, mounts, args = [], [], [routes_b64]
+    if k.provider_ca_configmap:
+        volumes.append({"name": "provider-ca", "configMap": {
+            "name": k.provider_ca_configmap, "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
+        mounts.append({"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True})
+        args.append(f"{PROVIDER_CA_DIR}/ca.crt")
+    spec: dict = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": 120,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 0,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "canary",
+            "image": k.harness_image,
+            "imagePullPolicy": k.image_pull_policy,
+            "command": ["python3", "-m", "runner.k8s.canary"],
+            "args": args,
+            "env": [*_env({"PATH": "/usr/local/bin:/usr/bin:/bin", "HTTPS_PROXY": proxy_url}),
+                    {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
+            "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
+            "securityContext": container_security(k.harness_uid),
+            "terminationMessagePolicy": "FallbackToLogsOnError",  # a crash reports its last lines
+            "volumeMounts": mounts,
+        }],
+        "volumes": volumes,
+    }
+    for key, value in (("runtimeClassName", k.runtime_class), ("nodeSelector", dict(k.node_selector)),
+                       ("tolerations", [dict(t) for t in k.tolerations]),
+                       ("imagePullSecrets", [{"name": n} for n in k.image_pull_secrets])):
+        if value:
+            spec[key] = value
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": names.object_name(campaign, CANARY_PROBE, check),
+            "namespace": k.namespace,
+            "labels": names.session_labels(k.instance, campaign, CANARY_PROBE, f"check-{check}", 1),
+            "annotations": {ANNOTATION_CAMPAIGN: campaign, ANNOTATION_CANARY: str(check)},
         },
         "spec": spec,
     }

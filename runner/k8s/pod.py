@@ -46,6 +46,7 @@ RECORD_NAME = "record.json"
 DELIVERED_NAME = "delivered"
 TIMEOUT_EXIT = 124  # the session hit its time limit and was killed
 UNCONFINED_EXIT = 125  # the CLI would have been dumpable: refused before it ran
+OPEN_NETWORK_EXIT = 126  # the pod's network policy was not in force: refused before the CLI ran
 _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
 
@@ -141,12 +142,21 @@ def _dumpable_because(executable: str) -> str | None:
 
 def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path | None) -> int:
     from runner.executors import seccomp
+    from runner.k8s.canary import wait_until_confined
 
     conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
     why = _dumpable_because(argv[0])
     if why is not None:  # the reader sees an empty stream; the exit code says why
         print(f"probe harness: refused: the session could write into the CLI's stream: {why}", file=sys.stderr)
         return UNCONFINED_EXIT
+    # An enforcer programs a new pod's policy after the pod has its address (about a second
+    # with kube-router, every route open meanwhile): the CLI starts only once the API server,
+    # which must be out of reach, is.
+    limit = float(os.environ.get("PROBE_POLICY_WAIT_SECONDS", "30"))
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and wait_until_confined(limit) is None:
+        print(f"probe harness: refused: the API server was still reachable {limit:g} s after the pod started; "
+              "its network policy is not in force", file=sys.stderr)
+        return OPEN_NETWORK_EXIT
     seccomp.install(seccomp.program())
     task = os.environ.get("PROBE_TASK", "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE_")}

@@ -29,6 +29,13 @@ def terminated(pod: dict, container: str) -> dict | None:
     return (cs.get("state") or {}).get("terminated") if cs else None
 
 
+def image_id(pod: dict, container: str) -> str | None:
+    """The digest the runtime ran ``container`` from (status ``imageID``, e.g.
+    ``docker.io/x@sha256:...`` or ``sha256:...``): the tag in the spec can move, this cannot."""
+    cs = _status(pod, container)
+    return (cs or {}).get("imageID") or None
+
+
 def never_started(pod: dict) -> str | None:
     """Why the pod cannot start (an image or configuration error), or None."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:

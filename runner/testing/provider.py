@@ -91,6 +91,7 @@ import logging
 import os
 import re
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -633,6 +634,17 @@ class Answer:
 # --------------------------------------------------------------------------------------
 
 
+class _TlsServer(ThreadingHTTPServer):
+    """HTTPS with the handshake deferred to the handler thread (``wrap_socket`` on accept
+    would run it in the one accepting thread)."""
+
+    tls: "ssl.SSLContext"
+
+    def get_request(self):  # type: ignore[no-untyped-def]
+        sock, addr = super().get_request()
+        return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+
 class ScriptedProvider:
     """A Messages API server answering from scenarios; a context manager.
 
@@ -641,6 +653,11 @@ class ScriptedProvider:
     ``__enter__`` and shuts down cleanly on ``stop()`` / ``__exit__``. ``base_url`` is what
     goes into ``ANTHROPIC_BASE_URL``. ``requests`` holds every request seen (the same records
     written to ``record_path`` as JSONL, if given).
+
+    ``tls`` (an ``ssl.SSLContext`` with the server's certificate loaded) serves HTTPS, as the
+    provider is reached in production; ``server_name`` is then the host name ``base_url``
+    names (the certificate's), instead of the bound address. Each connection's handshake runs
+    in its own handler thread, so a client that never completes one stalls nobody else.
     """
 
     def __init__(
@@ -650,6 +667,8 @@ class ScriptedProvider:
         record_path: str | os.PathLike[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        tls: "ssl.SSLContext | None" = None,
+        server_name: str | None = None,
     ) -> None:
         self.scenarios = load_scenarios(scenarios)
         self.record_path = Path(record_path) if record_path is not None else None
@@ -665,7 +684,11 @@ class ScriptedProvider:
             pass
 
         Handler.provider = provider
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._tls = tls
+        self._server_name = server_name
+        self._server = (_TlsServer if tls else ThreadingHTTPServer)((host, port), Handler)
+        if tls:
+            self._server.tls = tls
         self._server.daemon_threads = True
         # Large backlog: the CLI opens several connections at start-up.
         self._server.request_queue_size = 64
@@ -675,7 +698,9 @@ class ScriptedProvider:
     @property
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        if self._tls is None:
+            return f"http://{host}:{port}"
+        return f"https://{self._server_name or host}" + ("" if port == 443 else f":{port}")
 
     def start(self) -> "ScriptedProvider":
         if self._thread is None:

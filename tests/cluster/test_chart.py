@@ -117,7 +117,9 @@ def install(kube_cluster, bucket):
     endpoint, _ = bucket
     objs = chart.render(release=release, namespace=namespace, sets=(
         "provider.credentialsSecret=provider", "bucket.store=s3://probes/campaigns", f"bucket.endpoint={endpoint}",
-        "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "egressProxy.replicas=1"))
+        "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "egressProxy.replicas=1",
+        # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
+        "session.canary.enabled=false"))
     kube_cluster.add_nodes(3, prefix=f"chart-{uid}")
     kube_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})

@@ -52,8 +52,8 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def render(values: Path | None = None, release: str = "probe-runner", namespace: str = "probe-runner",
-           sets: tuple[str, ...] = ()) -> list[dict]:
-    args = ["template", release, str(CHART), "--namespace", namespace]
+           sets: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> list[dict]:
+    args = ["template", release, str(CHART), "--namespace", namespace, *extra]
     if values is not None:
         args += ["-f", str(values)]
     for s in sets:
@@ -150,6 +150,9 @@ def test_the_controller_job_submit_builds_is_valid_against_the_kubernetes_schema
     (("images.pullPolicy=Sometimes",), "at '/images/pullPolicy'"),
     (("provider.baseUrl=http://api.anthropic.com",), "at '/provider/baseUrl'"),
     (("networkPolicy.cilium.enabled=yes",), "at '/networkPolicy/cilium/enabled': got string, want boolean"),
+    (("provider.caBundle=not a certificate",), "at '/provider/caBundle'"),
+    (("session.canary.intervalSeconds=-1",), "at '/session/canary/intervalSeconds': minimum: got -1, want 0"),
+    (("session.canary.extraTargets={db.internal}",), "at '/session/canary/extraTargets/0'"),
 ])
 def test_the_values_schema_rejects_bad_values_with_a_clear_message(sets, message):
     args = ["template", "probe-runner", str(CHART)]
@@ -212,6 +215,10 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     assert k.node_selector == v["session"]["nodeSelector"] and k.tolerations == v["session"]["tolerations"]
     assert k.spread_max_skew == (v["session"]["topologySpreadMaxSkew"] or None)
     assert k.runtime_class == (v["session"]["runtimeClassName"] or None)
+    canary = v["session"]["canary"]
+    assert (k.canary_enabled, k.canary_interval_seconds) == (canary["enabled"], canary["intervalSeconds"])
+    assert (k.canary_foreign_hosts, k.canary_extra_targets) == (canary["foreignHosts"], canary["extraTargets"])
+    assert k.provider_ca_configmap is None if not v["provider"]["caBundle"] else k.provider_ca_configmap
     for ours, theirs in ((k.resources, v["session"]["resources"]), (k.controller_resources, v["controller"]["resources"])):
         assert (ours.cpu_request, ours.memory_request) == (theirs["requests"]["cpu"], theirs["requests"]["memory"])
         assert (ours.cpu_limit, ours.memory_limit, ours.ephemeral_storage_limit) == (
@@ -264,6 +271,45 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     assert policy.foreign_policies_selecting(list(selecting.values()), pod["metadata"]["labels"],
                                              policy.own_policy_names(settings)) == []
     assert names.selector("team-a", names.PROXY_COMPONENT).items() <= proxy_labels.items()
+
+
+def test_a_provider_ca_bundle_reaches_every_harness_container_through_one_configmap(tmp_path):
+    """provider.caBundle (a TLS-inspecting gateway's CA) becomes <release>-provider-ca, which the
+    settings name, so the session pods the controller builds mount it as NODE_EXTRA_CA_CERTS."""
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text(_throwaway_ca_pem())
+    objs = render(release="team-a", namespace="probes", extra=("--set-file", f"provider.caBundle={bundle}"))
+    cm = by_kind(objs, "ConfigMap")["team-a-provider-ca"]
+    assert cm["data"] == {"ca.crt": bundle.read_text()}
+    settings = settings_of(objs, "team-a")
+    assert settings.kube.provider_ca_configmap == "team-a-provider-ca"
+    plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
+    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
+    harness = pod["spec"]["containers"][1]
+    assert {"name": "NODE_EXTRA_CA_CERTS", "value": "/run/probe/provider-ca/ca.crt"} in harness["env"]
+    assert {"name": "provider-ca", "configMap": {"name": "team-a-provider-ca", "defaultMode": 0o444,
+                                                 "items": [{"key": "ca.crt", "path": "ca.crt"}]}} in pod["spec"]["volumes"]
+    # Without it: no ConfigMap, no mount.
+    plain = render(release="team-a", namespace="probes")
+    assert "team-a-provider-ca" not in by_kind(plain, "ConfigMap")
+    assert settings_of(plain, "team-a").kube.provider_ca_configmap is None
+
+
+def _throwaway_ca_pem() -> str:
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gateway-ca")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM).decode()
 
 
 @pytest.mark.parametrize("campaign", ["status-2026-12-02", "Status 2026/12_02", "x" * 70, "___"])

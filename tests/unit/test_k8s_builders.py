@@ -198,6 +198,17 @@ def _cs(name, **state):
     return {"name": name, "state": state}
 
 
+def test_image_id_is_the_digest_the_runtime_reports_for_that_container():
+    # containerd's CRI reports the repo digest when the image has one, else the config digest.
+    pod = _pod(statuses=[{**_cs("reader", running={}), "imageID": "sha256:aaa"},
+                         {**_cs("harness", running={}), "imageID": "ghcr.io/probe-runner/harness@sha256:bbb"}])
+    assert podstate.image_id(pod, "harness") == "ghcr.io/probe-runner/harness@sha256:bbb"
+    assert podstate.image_id(pod, "reader") == "sha256:aaa"
+    # Not started yet (or a runtime that leaves it empty): unknown, not an empty string.
+    assert podstate.image_id(_pod(statuses=[{**_cs("harness", waiting={}), "imageID": ""}]), "harness") is None
+    assert podstate.image_id(_pod(), "harness") is None
+
+
 def test_pod_state_rules():
     running = _pod(statuses=[_cs("reader", running={}), _cs("harness", running={})])
     assert podstate.running(running, "reader") and podstate.lost(running) is None
@@ -226,3 +237,20 @@ def test_exec_exit_codes():
     assert exit_code(b"") is None
     assert exit_code(b"not json") is None
     assert exit_code('{"status":"Failure","message":"container not found"}') is None
+
+
+def test_provider_ca_bundle_is_mounted_read_only_into_the_harness_alone(plan):
+    """The chart's provider.caBundle (a TLS-inspecting gateway's CA) reaches the CLI as
+    NODE_EXTRA_CA_CERTS from a read-only ConfigMap volume; without it nothing changes."""
+    task = plan.probes[0].task
+    plain = manifests.session_pod(Settings(store="file:///tmp/s"), plan, "HW-PRB-0007", "present-001", 1, task, "http://p:3128")
+    pod = manifests.session_pod(Settings(store="file:///tmp/s", kube={"provider_ca_configmap": "rel-provider-ca"}),
+                                plan, "HW-PRB-0007", "present-001", 1, task, "http://p:3128")
+    reader, harness = pod["spec"]["containers"]
+    assert reader == plain["spec"]["containers"][0]
+    assert pod["spec"]["volumes"] == plain["spec"]["volumes"] + [{"name": "provider-ca", "configMap": {
+        "name": "rel-provider-ca", "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
+    assert harness["volumeMounts"] == plain["spec"]["containers"][1]["volumeMounts"] + [
+        {"name": "provider-ca", "mountPath": "/run/probe/provider-ca", "readOnly": True}]
+    assert harness["env"] == plain["spec"]["containers"][1]["env"] + [
+        {"name": "NODE_EXTRA_CA_CERTS", "value": "/run/probe/provider-ca/ca.crt"}]

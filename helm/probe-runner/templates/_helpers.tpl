@@ -9,6 +9,7 @@ the release name.
 {{- define "probe-runner.controllerName" -}}{{ .Release.Name }}-controller{{- end }}
 {{- define "probe-runner.settingsName" -}}{{ .Release.Name }}-settings{{- end }}
 {{- define "probe-runner.proxyName" -}}{{ .Release.Name }}-egress-proxy{{- end }}
+{{- define "probe-runner.providerCAName" -}}{{ .Release.Name }}-provider-ca{{- end }}
 
 {{/* The selector of one component: include "probe-runner.selector" (dict "root" $ "component" "x") */}}
 {{- define "probe-runner.selector" -}}

@@ -1,0 +1,197 @@
+"""The confinement monitor: runs the canary (runner/k8s/canary.py) before a campaign's first
+session and every ``kube.canary_interval_seconds`` while it runs, and re-lists the
+namespace's NetworkPolicies each time.
+
+A check fails when a route a session must not have answers, when the provider path through
+the egress proxy does not, when a foreign policy now selects session pods, or when the check
+cannot finish. The first check's failure refuses the campaign (exit 12, nothing started);
+a later one halts new session starts (the campaign then exits 12 with the route named), and
+every session that was running is told by its capture record, whose ``confinement_checks``
+list the checks from the one in force at its start to its end.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+from runner.errors import ConfinementError
+from runner.k8s import canary, manifests, names, podstate
+from runner.k8s.api import Kube
+from runner.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Check:
+    number: int
+    at: str
+    results: list[canary.Result]
+    problem: str | None  # None: every route as it must be
+    settled_seconds: float | None = None  # how long the canary's own policy took to be in force
+
+    @property
+    def passed(self) -> bool:
+        return self.problem is None
+
+    def summary(self) -> dict:
+        """What a capture record keeps of a check: when, what was tried, what it found."""
+        return {"check": self.number, "at": self.at, "passed": self.passed, "settled_seconds": self.settled_seconds,
+                "routes": [{"route": r.name, "target": r.target, "opened": r.opened, "must_open": r.must_open}
+                           for r in self.results],
+                **({"problem": self.problem} if self.problem else {})}
+
+
+def judge(results: list[canary.Result]) -> str | None:
+    """The first thing wrong with a canary's results, stated for a user, or None."""
+    for r in results:
+        if r.must_open and not r.opened:
+            return f"the provider path failed: {r.name} ({r.target}): {r.detail}"
+    for r in results:
+        if r.opened and not r.must_open:
+            return f"a route opened: {r.name} ({r.target}): {r.detail}"
+    if not any(r.must_open for r in results):
+        return "the canary tried no provider path"
+    return None
+
+
+@dataclass
+class ConfinementMonitor:
+    settings: Settings
+    kube: Kube
+    campaign: str
+    proxy_url: str
+    foreign_policies: object  # callable () -> list[str]: names of policies that also select sessions
+    checks: list[Check] = field(default_factory=list)
+    halted: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---- one check -------------------------------------------------------------------------
+
+    def routes(self) -> list[canary.Route]:
+        k = self.settings.kube
+        u = urlsplit(self.settings.provider.base_url)
+        try:
+            addresses = sorted({a[4][0] for a in socket.getaddrinfo(u.hostname, u.port or 443, socket.AF_INET,
+                                                                     socket.SOCK_STREAM)})
+        except OSError:
+            addresses = []  # the proxy resolves it; the direct routes are then not tried
+        neighbour = None
+        proxies, _ = self.kube.list_pods(names.selector_string(
+            names.selector(k.instance, names.PROXY_COMPONENT)))
+        proxy_port = urlsplit(self.proxy_url).port or 3128
+        for pod in proxies:
+            ip = (pod.get("status") or {}).get("podIP")
+            if ip:
+                neighbour = f"{ip}:{proxy_port + 1}"
+                break
+        return canary.routes(self.settings.provider.base_url, addresses, neighbour, k.canary_foreign_hosts,
+                             k.canary_extra_targets)
+
+    def check(self) -> Check:
+        """Run one check to its end (bounded by kube.canary_timeout_seconds)."""
+        with self._lock:
+            number = len(self.checks) + 1
+        at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        settled = None
+        try:
+            results, settled = self._run_canary(number)
+            problem = judge(results)
+        except Exception as e:  # noqa: BLE001 - a check that cannot finish is a failed check
+            results, problem = [], f"the confinement check could not finish: {e}"
+        if problem is None:
+            foreign = self.foreign_policies()
+            if foreign:
+                problem = (f"NetworkPolicy {', '.join(sorted(foreign))} now also selects session pods "
+                           "(allow rules add up)")
+        found = Check(number, at, results, problem, settled)
+        with self._lock:
+            self.checks.append(found)
+        log.info("confinement check %d: %s", number, "passed" if found.passed else problem,
+                 extra={"campaign": self.campaign})
+        return found
+
+    def _run_canary(self, number: int) -> tuple[list[canary.Result], float | None]:
+        k = self.settings.kube
+        encoded = base64.b64encode(canary.encode(self.routes()).encode()).decode()
+        pod = manifests.canary_pod(self.settings, self.campaign, number, encoded, self.proxy_url)
+        name = pod["metadata"]["name"]
+        selector = names.selector_string(pod["metadata"]["labels"])
+        if not self.kube.create_pod(pod):  # left by an earlier run of this campaign
+            self.kube.delete_pod(name, 0)
+            self._wait(selector, lambda p: p is None, 60, "the old canary to go")
+            self.kube.create_pod(pod)
+        try:
+            term = self._wait(selector, lambda p: p and podstate.terminated(p, "canary"), k.canary_timeout_seconds,
+                              "the canary's report")
+            message = term.get("message") or ""
+            try:
+                return canary.decode_report(message)
+            except ValueError:
+                raise RuntimeError(f"the canary pod ended ({term.get('reason')}, exit {term.get('exitCode')}) "
+                                   f"without a report: {message[-300:]!r}") from None
+        finally:
+            self.kube.delete_pod(name, 0)
+
+    def _wait(self, selector: str, ok, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while True:
+            pods, _ = self.kube.list_pods(selector)
+            got = ok(pods[0] if pods else None)
+            if got:
+                return got
+            if pods and (why := podstate.never_started(pods[0]) or podstate.unschedulable(pods[0])):
+                raise RuntimeError(f"the canary pod cannot start: {why}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {what} within {timeout:g} s")
+            time.sleep(1.0)
+
+    # ---- the campaign's checks ---------------------------------------------------------------
+
+    def start(self) -> None:
+        """The first check, synchronously (refuses the campaign), then the periodic ones."""
+        first = self.check()
+        if not first.passed:
+            raise ConfinementError(f"confinement check before the first session: {first.problem}; no session was "
+                                   "started")
+        interval = self.settings.kube.canary_interval_seconds
+        if interval > 0:
+            self._thread = threading.Thread(target=self._loop, args=(interval,), name="confinement-monitor",
+                                            daemon=True)
+            self._thread.start()
+
+    def _loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                found = self.check()
+            except Exception as e:  # noqa: BLE001 - never die silently: a monitor that stopped is a halt
+                log.exception("confinement monitor failed")
+                found = Check(len(self.checks) + 1, "", [], f"the confinement monitor failed: {e}")
+            if not found.passed:
+                self.halted = f"confinement check {found.number} at {found.at}: {found.problem}"
+                log.error("%s: no further session is started", self.halted, extra={"campaign": self.campaign})
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.settings.kube.canary_timeout_seconds + 30)
+
+    def since(self, index: int) -> list[dict]:
+        """Summaries of the check in force at ``index`` (the count when a session started) and
+        every later one."""
+        with self._lock:
+            return [c.summary() for c in self.checks[max(index - 1, 0):]]
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.checks)

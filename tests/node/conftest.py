@@ -1,0 +1,261 @@
+"""tests/node/: one real Kubernetes node on this machine (realnode.py), real images built
+from images/*/Dockerfile (images.sh), real packets through kube-router's NetworkPolicy
+enforcement.
+
+Three builds run while pytest collects, each cached by its pins outside the repository and
+instant when warm: the control plane (tests/cluster/build.sh), the node's binaries
+(build.sh: kubelet, kube-proxy, CoreDNS, kube-router) and the images (images.sh). A failed
+build fails every test here with the tail of its log; nothing is skipped.
+
+Session fixtures:
+- ``real_node``: control plane + node + cluster DNS, the images imported into its containerd.
+  Cluster DNS answers ``api.provider.test`` with the provider address and
+  ``other.provider.test`` with another host address, and nothing outside the cluster.
+- ``provider``: the scripted provider over TLS on the provider address, port 443, with a
+  certificate for ``api.provider.test`` from a throwaway CA (``provider.ca_pem``).
+- ``bucket``: moto's S3 server on the host address the pods reach.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+BUILDS = {  # name -> (script, what its stdout's last line is)
+    "cluster": REPO / "tests" / "cluster" / "build.sh",
+    "node": HERE / "build.sh",
+    "images": HERE / "images.sh",
+}
+PROVIDER_HOST = "api.provider.test"
+OTHER_HOST = "other.provider.test"
+BUCKET_ENV = {"AWS_ACCESS_KEY_ID": "probe-runner-test", "AWS_SECRET_ACCESS_KEY": "probe-runner-test"}
+
+
+def _load(name: str) -> Any:
+    """A helper module of this folder (test files cannot import their siblings here)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+realnode = _load("realnode")
+
+
+# ---- builds (during collection, outside any per-test timeout) -------------------------------
+
+_built: dict[str, Path] = {}
+_failed: dict[str, str] = {}
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("PROBE_RUNNER_CACHE") or Path.home() / ".cache" / "probe-runner")
+
+
+def run_build(name: str) -> Path:
+    if name in _built:
+        return _built[name]
+    if name in _failed:
+        raise RuntimeError(_failed[name])
+    log_path = _cache_root() / f"last-{name}-build.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        # Its own process group, so an interrupted session also stops the builds it started.
+        proc = subprocess.Popen(["bash", str(BUILDS[name])], stdout=subprocess.PIPE, stderr=log,
+                                start_new_session=True)
+        try:
+            out, _ = proc.communicate()
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            raise
+    lines = out.decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
+        _failed[name] = (f"{BUILDS[name].relative_to(REPO)} failed (exit {proc.returncode}, "
+                         f"{time.monotonic() - started:.0f}s); full log: {log_path}\n{tail}")
+        raise RuntimeError(_failed[name])
+    _built[name] = Path(lines[-1])
+    return _built[name]
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    if config.option.collectonly or not any(Path(i.path).resolve().is_relative_to(HERE) for i in items):
+        return
+    capman = config.pluginmanager.getplugin("capturemanager")
+    reporter = config.pluginmanager.getplugin("terminalreporter")
+    with capman.global_and_fixture_disabled():
+        for name in BUILDS:
+            started = time.monotonic()
+            if reporter:
+                reporter.write_line(f"tests/node: ensuring {name} build ({BUILDS[name].relative_to(REPO)}; "
+                                    f"log {_cache_root() / f'last-{name}-build.log'})")
+            try:
+                out = run_build(name)
+            except RuntimeError as exc:  # reported by the fixtures, on every test here
+                if reporter:
+                    reporter.write_line(f"tests/node: {name} BUILD FAILED: {str(exc).splitlines()[0]}")
+            else:
+                if reporter:
+                    reporter.write_line(f"tests/node: {name}: {out} ({time.monotonic() - started:.1f}s)")
+
+
+def built(name: str) -> Path:
+    try:
+        return run_build(name)
+    except RuntimeError as exc:
+        pytest.fail(f"cannot build the node tier:\n{exc}", pytrace=False)
+
+
+def image_archives() -> dict[str, dict[str, str]]:
+    """images.json of images.sh: reference -> {"archive": path, "id": sha256:... (config digest), ...}."""
+    out = built("images")
+    listing = json.loads((out / "images.json").read_text())
+    return {e["reference"]: {**e, "archive": str(out / e["archive"])} for e in listing["images"]}
+
+
+# ---- the node and its neighbours --------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def built_images() -> dict[str, dict[str, str]]:
+    return image_archives()
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    cp_bin, node_bin = built("cluster"), built("node")
+    archives = [Path(e["archive"]) for e in image_archives().values()]
+    realnode.reap_orphans()
+    old_term = signal.getsignal(signal.SIGTERM)
+    if old_term in (signal.SIG_DFL, None):
+        # pytest tears fixtures down on Ctrl-C, not on SIGTERM (a CI timeout): make it one.
+        def _on_term(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, _on_term)
+    try:
+        with realnode.start_node(cp_bin, node_bin, tmp_path_factory.mktemp("node"), archives,
+                                 hosts={PROVIDER_HOST: "provider", OTHER_HOST: "other"}) as node:
+            yield node
+    finally:
+        if old_term in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, old_term)
+
+
+@dataclass
+class Provider:
+    server: Any          # runner.testing.provider.ScriptedProvider
+    ca_pem: str          # the throwaway CA that signed the provider's certificate
+    ca_file: Path
+    base_url: str        # https://api.provider.test
+
+
+@pytest.fixture(scope="session")
+def provider(real_node: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
+    from runner.testing.provider import ScriptedProvider
+
+    pki = realnode.Pki(tmp_path_factory.mktemp("provider-pki"))
+    crt, key = pki.issue("provider", PROVIDER_HOST, server=True, dns=[PROVIDER_HOST, OTHER_HOST])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(crt), str(key))
+    scenarios = json.loads((REPO / "runner" / "demo" / "scenarios.json").read_text())
+    with ScriptedProvider(scenarios, host=real_node.provider_ip, port=443, tls=ctx,
+                          server_name=PROVIDER_HOST) as server:
+        yield Provider(server, pki.ca.read_text(), pki.ca, server.base_url)
+
+
+@pytest.fixture(scope="session")
+def bucket(real_node: Any) -> Iterator[tuple[str, Any]]:
+    """moto's S3 server on the host address (the pods reach it through the node's NAT), with
+    the bucket ``probes``: (endpoint, boto3 client)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    port = realnode.free_port(real_node.host_ip)
+    server = ThreadedMotoServer(ip_address=real_node.host_ip, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{real_node.host_ip}:{port}"
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **{
+        "aws_access_key_id": BUCKET_ENV["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": BUCKET_ENV["AWS_SECRET_ACCESS_KEY"]})
+    s3.create_bucket(Bucket="probes")
+    yield endpoint, s3
+    server.stop()
+
+
+def _helm_module() -> Any:
+    """helm() of tests/integration/test_chart.py: one helm locator and environment."""
+    spec = importlib.util.spec_from_file_location("chart_helpers", REPO / "tests" / "integration" / "test_chart.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class Install:
+    namespace: str
+    release: str
+    node: Any
+    bucket: str      # the moto endpoint
+
+    def settings_env(self, tmp: Path) -> dict[str, str]:
+        """A user's workstation, set up as the chart's NOTES say (and the test's own targets)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes/campaigns", "RUNNER_S3__ENDPOINT_URL": self.bucket,
+                "RUNNER_S3__REGION": "us-east-1", "RUNNER_KUBE__NAMESPACE": self.namespace,
+                "RUNNER_KUBE__INSTANCE": self.release, "RUNNER_KUBE__KUBECONFIG": str(self.node.kubeconfig),
+                "RUNNER_LOCAL__WORKDIR": str(tmp / "user")}
+
+
+@pytest.fixture(scope="session")
+def install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[Install]:
+    """The chart installed with the real helm into a namespace enforcing the restricted Pod
+    Security Standard: provider https://api.provider.test with the throwaway CA as its
+    caBundle, the bucket on moto, images as imported (pullPolicy Never), the canary's foreign
+    host and extra targets pointed at this node's other addresses."""
+    import secrets
+
+    helm = _helm_module()
+    uid = secrets.token_hex(3)
+    ns, release = real_node.restricted_namespace(f"pr-{uid}"), f"pr-{uid}"
+    real_node.apply([
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": ns},
+         "stringData": {"api-key": "demo-key"}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bucket", "namespace": ns}, "stringData": BUCKET_ENV},
+    ])
+    values = tmp_path_factory.mktemp("values") / "values.json"
+    values.write_text(json.dumps({
+        "images": {"pullPolicy": "Never"},
+        "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
+        "bucket": {"store": "s3://probes/campaigns", "endpoint": bucket[0], "region": "us-east-1",
+                   "credentialsSecret": "bucket"},
+        "controller": {"concurrency": 2, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                                       "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"}}},
+        "session": {"timeoutSeconds": 300,
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                  "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "1Gi"}},
+                    "canary": {"enabled": True, "intervalSeconds": 300, "foreignHosts": [OTHER_HOST],
+                               "extraTargets": [f"{real_node.host_ip}:6443", f"{real_node.provider_ip}:443",
+                                                f"{real_node.other_ip}:80"]}},
+        "egressProxy": {"replicas": 1},
+    }))
+    helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
+              "--kubeconfig", str(real_node.kubeconfig), "--wait", "--timeout", "100s")
+    yield Install(ns, release, real_node, bucket[0])

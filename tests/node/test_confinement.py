@@ -1,0 +1,181 @@
+"""Real packets on the real node: a pod with the session pods' labels, under the chart's
+NetworkPolicies as kube-router enforces them, reaches the provider through the egress proxy
+and nothing else; the proxy pod reaches the provider port and nothing else; a foreign policy
+that selects session pods is refused before a campaign and stops one that runs.
+
+The canary (runner/k8s/canary.py, the product's own check) does the trying, so this also
+tests the check itself against the real thing: each route must come out as it really is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from runner.errors import UserError
+from runner.k8s import names
+from runner.k8s.api import Kube
+from runner.k8s.confinement import ConfinementMonitor
+from runner.k8s.executor import KubernetesExecutor
+from runner.settings import Settings
+
+pytestmark = pytest.mark.timeout(900)
+
+PROVIDER_HOST = "api.provider.test"
+DROPPED = ("refused", "port unreachable", "timed out")
+OTHER_HOST = "other.provider.test"
+
+
+@contextmanager
+def listener(netns: str | None, address: str, port: int):
+    """A TCP listener that answers every connection with one line (so a route that opens is
+    seen as connected, not merely refused), on the host or in the node's network namespace."""
+    code = ("import socket,sys\n"
+            "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(({address!r},{port})); s.listen(16); print('ready', flush=True)\n"
+            "while True:\n c,_=s.accept(); c.sendall(b'hello\\n'); c.close()\n")
+    argv = ["python3", "-c", code]
+    if netns:
+        argv = ["nsenter", f"--net=/run/netns/{netns}", *argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def targets(real_node):
+    """Something listening on each address a session must not reach: the metadata address in
+    the node's namespace (as a node's metadata proxy would be), the provider's address on
+    port 80, another host on port 80. The API server and kubelet listen already."""
+    real_node.in_node("ip", "addr", "add", "169.254.169.254/32", "dev", "lo")
+    try:
+        with listener(real_node.netns, "169.254.169.254", 80), listener(None, real_node.other_ip, 80), \
+                listener(None, real_node.provider_ip, 80):
+            yield
+    finally:
+        real_node.in_node("ip", "addr", "del", "169.254.169.254/32", "dev", "lo", check=False)
+
+
+def _settings(install, tmp_path) -> Settings:
+    env = install.settings_env(tmp_path)
+    chart = install.node.kubectl("-n", install.namespace, "get", "configmap", f"{install.release}-settings",
+                                 "-o", "json")
+    env.update(json.loads(chart.stdout)["data"])  # the operator's settings, as the controller Job has them
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return Settings()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _monitor(install, tmp_path, campaign: str) -> tuple[KubernetesExecutor, ConfinementMonitor]:
+    settings = _settings(install, tmp_path)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    executor.preflight()
+    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.proxy_url, executor._foreign)
+
+
+def test_a_session_pod_reaches_the_provider_through_the_proxy_and_nothing_else(install, targets, provider, tmp_path):
+    node = install.node
+    _, monitor = _monitor(install, tmp_path, "packets")
+    check = monitor.check()
+    by_name = {r.name: r for r in check.results}
+    report = "\n".join(f"{r.name:55} {r.target:28} {'OPEN' if r.opened else 'closed'}  {r.detail}"
+                       for r in check.results)
+    print(report)
+    # Every route the design names, each as a user would meet it.
+    expected_closed = {
+        # kube-router rejects with an ICMP port unreachable, which a client sees as a refusal; the
+        # kernel rate-limits those (about one a second per destination), so of routes tried at
+        # once some see the reply and some time out: both are a closed route
+        "cluster DNS": DROPPED, "the API server by its ClusterIP": DROPPED,
+        "the API server on the node's address": DROPPED, "the kubelet on the node's address": DROPPED,
+        "the metadata service": DROPPED, "another pod": DROPPED,
+        f"{node.host_ip}:6443 directly": DROPPED, f"{node.provider_ip}:443 directly": DROPPED,
+        f"{node.other_ip}:80 directly": DROPPED,
+        # Squid refuses a name it does not allow by answering TLS with its own certificate
+        f"{OTHER_HOST} through the egress proxy": "CERTIFICATE_VERIFY_FAILED",
+        # and cuts a tunnel whose TLS server name is not the provider's
+        "the provider under another TLS server name": "TLS to other.provider.test failed",
+        "plain HTTP through the egress proxy": "the proxy refused: HTTP/1.1 403",
+    }
+    for name, why in expected_closed.items():
+        assert name in by_name, f"route {name!r} not tried:\n{report}"
+        r = by_name[name]
+        assert not r.opened, f"{name} is open:\n{report}"
+        assert any(w in r.detail for w in ((why,) if isinstance(why, str) else why)), f"{name}: {r.detail}\n{report}"
+    good = by_name["the provider through the egress proxy"]
+    assert good.opened and f"TLS to {PROVIDER_HOST} verified, answered HTTP/1.1 200" in good.detail, report
+    assert check.passed, check.problem
+    assert check.settled_seconds is not None and check.settled_seconds < 30
+    # The provider saw the canary's request, over TLS, through the proxy.
+    assert any(r["method"] == "HEAD" and r["headers"].get("host") == PROVIDER_HOST for r in provider.server.requests)
+
+
+def test_the_proxy_pod_reaches_the_provider_port_and_nothing_else(install, targets):
+    node = install.node
+    pods = json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l",
+                                   f"app.kubernetes.io/component=egress-proxy", "-o", "json").stdout)["items"]
+    proxy = pods[0]["metadata"]["name"]
+
+    def connect(target: str) -> subprocess.CompletedProcess[str]:
+        return node.kubectl("-n", install.namespace, "exec", proxy, "--", "sh", "-c",
+                            f"timeout 6 openssl s_client -connect {target} -servername {PROVIDER_HOST} </dev/null",
+                            check=False, timeout=30)
+
+    ok = connect(f"{PROVIDER_HOST}:443")
+    assert ok.returncode == 0 and "Verify return code" in ok.stdout, ok.stdout + ok.stderr
+    for target in (f"{node.other_ip}:80", f"{node.provider_ip}:80", f"{node.host_ip}:6443", "169.254.169.254:80"):
+        res = connect(target)
+        assert res.returncode != 0, f"the proxy pod reached {target}:\n{res.stdout}"
+        assert "hello" not in res.stdout
+
+
+def test_a_foreign_policy_selecting_session_pods_is_refused_and_measured(install, targets, tmp_path):
+    node = install.node
+    foreign = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "allow-all-egress", "namespace": install.namespace},
+               "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
+                        "policyTypes": ["Egress"], "egress": [{}]}}
+    node.apply(foreign)
+    try:
+        settings = _settings(install, tmp_path)
+        executor = KubernetesExecutor(settings, Kube(settings.kube))
+        with pytest.raises(UserError, match="NetworkPolicy allow-all-egress also selects session pods"):
+            executor.preflight()
+        # What the policy really opens, measured: kube-router applies it within seconds.
+        monitor = ConfinementMonitor(settings, executor.kube, "foreign", "http://%s:%s" % _proxy(node, install),
+                                     executor._foreign)
+        deadline = time.monotonic() + 60
+        while True:
+            check = monitor.check()
+            opened = [r.name for r in check.results if r.opened and not r.must_open]
+            if opened or time.monotonic() > deadline:
+                break
+        assert "the metadata service" in opened and f"{node.other_ip}:80 directly" in opened, opened
+        assert not check.passed and "a route opened" in check.problem
+    finally:
+        node.kubectl("-n", install.namespace, "delete", "networkpolicy", "allow-all-egress")
+
+
+def _proxy(node, install) -> tuple[str, int]:
+    svc = json.loads(node.kubectl("-n", install.namespace, "get", "service", f"{install.release}-egress-proxy",
+                                  "-o", "json").stdout)
+    return svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
