@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -68,21 +69,30 @@ def targets(real_node):
         real_node.in_node("ip", "addr", "del", "169.254.169.254/32", "dev", "lo", check=False)
 
 
-def _settings(install, tmp_path) -> Settings:
-    env = install.settings_env(tmp_path)
-    chart = install.node.kubectl("-n", install.namespace, "get", "configmap", f"{install.release}-settings",
-                                 "-o", "json")
-    env.update(json.loads(chart.stdout)["data"])  # the operator's settings, as the controller Job has them
+@contextmanager
+def _environ(env: dict[str, str]):
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        return Settings()
+        yield
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _install_env(install, tmp_path) -> dict[str, str]:
+    """The workstation's environment plus the operator's settings, as the controller Job has them."""
+    chart = install.node.kubectl("-n", install.namespace, "get", "configmap", f"{install.release}-settings",
+                                 "-o", "json")
+    return {**install.settings_env(tmp_path), **json.loads(chart.stdout)["data"]}
+
+
+def _settings(install, tmp_path) -> Settings:
+    with _environ(_install_env(install, tmp_path)):
+        return Settings()
 
 
 def _monitor(install, tmp_path, campaign: str) -> tuple[KubernetesExecutor, ConfinementMonitor]:
@@ -179,3 +189,59 @@ def _proxy(node, install) -> tuple[str, int]:
     svc = json.loads(node.kubectl("-n", install.namespace, "get", "service", f"{install.release}-egress-proxy",
                                   "-o", "json").stdout)
     return svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
+
+
+def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it_overlapped(install, provider, tmp_path):
+    """The campaign runs from a workstation as the controller Job would (the chart's settings,
+    checks every 5 s, one session at a time). Once the first session pod exists, a foreign
+    policy opens all egress of session pods: the next check measures it, no further session
+    starts, the run exits 12 naming what opened, and each session whose pod existed is refused
+    (its entry point finds the API server reachable before the CLI starts; had the CLI started,
+    the transform would refuse it for the failed check that overlapped it)."""
+    from runner import demo, layout
+    from runner.ledger import Ledger
+    from runner.store import open_store
+
+    node = install.node
+    env = {**_install_env(install, tmp_path), "RUNNER_KUBE__CANARY_INTERVAL_SECONDS": "5", "RUNNER_CONCURRENCY": "1"}
+    campaign = f"foreign-{os.urandom(3).hex()}"
+    plan = json.loads(demo.PLAN.read_text())
+    plan.update(campaign=campaign, repetitions=1)  # 4 sessions, one at a time
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    run = subprocess.Popen([sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus",
+                            str(demo.CORPUS), "--executor", "kubernetes"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    foreign = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "allow-all-egress-later", "namespace": install.namespace},
+               "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
+                        "policyTypes": ["Egress"], "egress": [{}]}}
+    try:
+        deadline = time.monotonic() + 240
+        while not json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l",
+                                          f"{names.COMPONENT}={names.SESSION_COMPONENT},{names.PROBE}!=canary",
+                                          "-o", "json").stdout)["items"]:
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "no session pod appeared"
+            time.sleep(0.5)
+        node.apply(foreign)
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        node.kubectl("-n", install.namespace, "delete", "networkpolicy", "allow-all-egress-later", check=False)
+    assert run.returncode == 12, out + err
+    assert "halted: confinement check" in err and "no further session was started" in err, err
+    assert "a route opened" in err or "allow-all-egress-later" in err, err
+    with _environ(env):
+        store = open_store("s3://probes/campaigns", Settings())
+        states = Ledger(store, campaign).sessions()
+        refusals = json.loads(store.get(layout.refusals_key(campaign)))["refusals"]
+    assert len([s for s in states.values() if s.status not in ("intended", "pending")]) < 4, states
+    # The session whose pod existed when the policy came is refused either way: by its own entry
+    # point if its CLI had not started (the API server was reachable), else by the transform.
+    reasons = [(r.get("session"), r.get("status"), r["reason"]) for r in refusals]
+    refused = [r for r in reasons if "network policy was not in force" in r[2] or "failed while this session ran" in r[2]]
+    # (A check waits up to 30 s for the policy to be in force before it measures; a session that
+    # starts meanwhile is refused by its own entry point the same way.)
+    assert refused and all(r[1] == "refused" for r in refused), reasons
+    assert not [r for r in reasons if r[1] == "succeeded"], reasons
