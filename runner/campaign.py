@@ -138,14 +138,24 @@ def _unpack(data: bytes, dest: Path) -> None:
         root = dest.resolve()
         members = tar.getmembers()
         for m in members:
-            target = (root / m.name).resolve()
-            link = (target.parent / m.linkname).resolve() if m.issym() else (root / m.linkname).resolve()
-            if (m.name.startswith("/") or not target.is_relative_to(root) or not (m.isfile() or m.isdir() or m.issym()
-                                                                               or m.islnk())
-                    or ((m.issym() or m.islnk()) and (m.linkname.startswith("/") or not link.is_relative_to(root)))):
+            if _escapes(m, root):
                 raise UserError(f"the stored corpus archive holds {m.name!r}, which would land outside the corpus; "
                                 "it was not unpacked")
         tar.extractall(dest, members=members)
+
+
+def _escapes(m: tarfile.TarInfo, root: Path) -> bool:
+    """Whether member ``m`` would land, or lead, outside ``root`` (the "data" filter's refusals)."""
+    if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+        return True
+    target = (root / m.name).resolve()
+    if m.name.startswith("/") or not target.is_relative_to(root):
+        return True
+    if not (m.issym() or m.islnk()):
+        return False
+    # A symlink is relative to its own directory, a hard link to the archive's root.
+    link = (target.parent if m.issym() else root) / m.linkname
+    return m.linkname.startswith("/") or not link.resolve().is_relative_to(root)
 
 
 def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> dict:

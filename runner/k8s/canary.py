@@ -30,7 +30,9 @@ the pod runs; the entry point uses the standard library only.
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import os
 import socket
 import ssl
 import sys
@@ -67,10 +69,6 @@ class Result:
     opened: bool
     detail: str
 
-    @property
-    def ok(self) -> bool:
-        return self.opened == self.must_open
-
 
 def routes(provider_url: str, provider_addresses: list[str], neighbour: str | None, foreign_hosts: list[str],
            extra_targets: list[str]) -> list[Route]:
@@ -103,7 +101,8 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
 
 
 def encode(rs: list[Route]) -> str:
-    return json.dumps([asdict(r) for r in rs], separators=(",", ":"))
+    """The routes as the canary's argument (base64 of JSON: one plain word); ``main`` reads it."""
+    return base64.b64encode(json.dumps([asdict(r) for r in rs], separators=(",", ":")).encode()).decode()
 
 
 def decode_report(message: str) -> tuple[list[Result], float | None]:
@@ -122,8 +121,6 @@ def decode_report(message: str) -> tuple[list[Result], float | None]:
 # ---- in the pod ----------------------------------------------------------------------------------
 
 def _pod_facts() -> dict[str, str]:
-    import os
-
     dns = ""
     try:
         for line in Path("/etc/resolv.conf").read_text().splitlines():
@@ -143,9 +140,7 @@ def _split(target: str) -> tuple[str, int]:
 
 
 def _closed_errno(e: OSError) -> str | None:
-    """The errors that mean no packet came back (a policy drop or reject, no route)."""
-    import errno
-
+    """The errors that mean no connection was made (a policy drop or reject, no route)."""
     if isinstance(e, (socket.timeout, TimeoutError)):
         return "timed out"
     names = {errno.EHOSTUNREACH: "host unreachable", errno.ENETUNREACH: "network unreachable",
@@ -153,15 +148,21 @@ def _closed_errno(e: OSError) -> str | None:
     return names.get(e.errno or 0)
 
 
+def _failed(e: OSError, refused: str) -> tuple[bool, str]:
+    """(opened, detail) of a try that raised: closed for a refusal (``refused`` names it as the
+    protocol shows it) or a closed errno; any other error is not proof of a closed route."""
+    if isinstance(e, ConnectionRefusedError):
+        return False, refused
+    why = _closed_errno(e)
+    return (False, why) if why else (True, f"error {e}")
+
+
 def _tcp(target: str) -> tuple[bool, str]:
     try:
         with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT):
             return True, "connected"
-    except ConnectionRefusedError:
-        return False, "refused"
     except OSError as e:
-        why = _closed_errno(e)
-        return (False, why) if why else (True, f"error {e}")
+        return _failed(e, "refused")
 
 
 def _dns(target: str) -> tuple[bool, str]:
@@ -174,22 +175,17 @@ def _dns(target: str) -> tuple[bool, str]:
             s.send(query)
             s.recv(512)
             return True, "answered"
-        except ConnectionRefusedError:
-            return False, "port unreachable"
         except OSError as e:
-            why = _closed_errno(e)
-            return (False, why) if why else (True, f"error {e}")
+            return _failed(e, "port unreachable")
 
 
-def _proxy() -> tuple[str, int, str]:
-    import os
-
+def _proxy() -> tuple[str, int]:
     p = urlsplit(os.environ.get("HTTPS_PROXY", ""))
-    return p.hostname or "", p.port or 3128, os.environ.get("HTTPS_PROXY", "")
+    return p.hostname or "", p.port or 3128
 
 
 def _connect_via_proxy(target: str) -> tuple[socket.socket | None, str]:
-    host, port, url = _proxy()
+    host, port = _proxy()
     if not host:
         return None, "no egress proxy configured"
     sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
@@ -233,7 +229,7 @@ def _proxy_tls(target: str, server_name: str, ca_file: str | None) -> tuple[bool
 
 
 def _proxy_http(url: str) -> tuple[bool, str]:
-    host, port, _ = _proxy()
+    host, port = _proxy()
     if not host:
         return False, "no egress proxy configured"
     try:
@@ -297,7 +293,7 @@ def main(argv: list[str]) -> int:
     with ThreadPoolExecutor(max_workers=len(rs) or 1) as pool:
         results = list(pool.map(lambda r: try_route(r, facts, ca_file), rs))
     report = json.dumps({"settled_seconds": None if settled is None else round(settled, 2),
-                         "results": [{**asdict(r)} for r in results]}, separators=(",", ":"))
+                         "results": [asdict(r) for r in results]}, separators=(",", ":"))
     try:
         Path(TERMINATION_LOG).write_text(report)
     except OSError:

@@ -12,7 +12,6 @@ list the checks from the one in force at its start to its end.
 
 from __future__ import annotations
 
-import base64
 import logging
 import socket
 import threading
@@ -122,8 +121,7 @@ class ConfinementMonitor:
 
     def _run_canary(self, number: int) -> tuple[list[canary.Result], float | None]:
         k = self.settings.kube
-        encoded = base64.b64encode(canary.encode(self.routes()).encode()).decode()
-        pod = manifests.canary_pod(self.settings, self.campaign, number, encoded, self.proxy_url)
+        pod = manifests.canary_pod(self.settings, self.campaign, number, canary.encode(self.routes()), self.proxy_url)
         name = pod["metadata"]["name"]
         selector = names.selector_string(pod["metadata"]["labels"])
         if not self.kube.create_pod(pod):  # left by an earlier run of this campaign

@@ -24,7 +24,7 @@ from __future__ import annotations
 from runner import harness
 from runner.k8s import names
 from runner.plan import Plan
-from runner.settings import Settings
+from runner.settings import KubeSettings, Settings
 
 WORKSPACE = "/workspace"
 CONFIG_DIR = "/run/probe/config"
@@ -64,6 +64,18 @@ def container_security(uid: int | None = None) -> dict:
 
 def _env(pairs: dict[str, str]) -> list[dict]:
     return [{"name": k, "value": v} for k, v in pairs.items()]
+
+
+def _provider_ca_volumes(k: KubeSettings) -> list[dict]:
+    """The chart's provider.caBundle ConfigMap as a volume, where there is one (harness and canary)."""
+    if not k.provider_ca_configmap:
+        return []
+    return [{"name": "provider-ca", "configMap": {
+        "name": k.provider_ca_configmap, "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
+
+
+def _provider_ca_mounts(k: KubeSettings) -> list[dict]:
+    return [{"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True}] if k.provider_ca_configmap else []
 
 
 def harness_args(plan: Plan, settings: Settings) -> list[str]:
@@ -120,10 +132,8 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "socket", "mountPath": SOCKET_DIR},
     ]
-    if k.provider_ca_configmap:
-        volumes.append({"name": "provider-ca", "configMap": {
-            "name": k.provider_ca_configmap, "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
-        harness_mounts.append({"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True})
+    volumes += _provider_ca_volumes(k)
+    harness_mounts += _provider_ca_mounts(k)
     if k.credentials_secret:
         volumes.append({"name": "credentials", "secret": {
             "secretName": k.credentials_secret, "optional": True, "defaultMode": 0o400,
@@ -214,21 +224,18 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
     }
 
 
-CANARY_PROBE = "canary"  # the probe label of canary pods: no plan may use it (names.py keeps probe ids apart)
+CANARY_PROBE = "canary"  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
 ANNOTATION_CANARY = f"{names.GROUP}/canary"
 
 
 def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, proxy_url: str) -> dict:
     """The confinement canary of check number ``check`` (runner/k8s/canary.py): a session pod's
     labels, image, uid, security context and proxy, running the canary instead of the harness,
-    bounded by ``activeDeadlineSeconds``. Its report is its termination message."""
+    bounded by ``activeDeadlineSeconds``; ``routes_b64`` is ``runner.k8s.canary.encode`` of its routes.
+    Its report is its termination message."""
     k = settings.kube
-    volumes, mounts, args = [], [], [routes_b64]
-    if k.provider_ca_configmap:
-        volumes.append({"name": "provider-ca", "configMap": {
-            "name": k.provider_ca_configmap, "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}})
-        mounts.append({"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True})
-        args.append(f"{PROVIDER_CA_DIR}/ca.crt")
+    volumes, mounts = _provider_ca_volumes(k), _provider_ca_mounts(k)
+    args = [routes_b64, *([f"{PROVIDER_CA_DIR}/ca.crt"] if k.provider_ca_configmap else [])]
     spec: dict = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": 120,
