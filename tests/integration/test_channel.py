@@ -55,13 +55,18 @@ def channel_corpus(corpus: Path) -> Path:
     return corpus
 
 
-def channel_plan(campaign: str):
-    return parse_plan({
+def channel_plan_data(campaign: str) -> dict:
+    """The plan as a user writes it (the real-node tier submits it with ``probe-runner submit``)."""
+    return {
         "campaign": campaign, "tier": "regression", "model": "claude-sonnet-4-5",
         "identity": {k: "sha256:" + "5" * 64 for k in ("lock", "tree", "selection", "read_set")}
         | {"seed": 1, "harness": "headwater 0.9.1"},
         "arms": ["present"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": [PROBE],
-    })
+    }
+
+
+def channel_plan(campaign: str):
+    return parse_plan(channel_plan_data(campaign))
 
 
 @pytest.fixture(scope="module")

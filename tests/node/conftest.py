@@ -12,14 +12,17 @@ Session fixtures:
   Cluster DNS answers ``api.provider.test`` with the provider address and
   ``other.provider.test`` with another host address, and nothing outside the cluster.
 - ``provider``: the scripted provider over TLS on the provider address, port 443, with a
-  certificate for ``api.provider.test`` from a throwaway CA (``provider.ca_pem``).
+  certificate for ``api.provider.test`` from a throwaway CA (``provider.ca_pem``); it plays
+  the demo's scenarios and the channel attacks'.
 - ``bucket``: moto's S3 server on the host address the pods reach.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import logging
 import os
 import signal
 import ssl
@@ -41,6 +44,11 @@ BUILDS = {  # name -> (script, what its stdout's last line is)
 }
 PROVIDER_HOST = "api.provider.test"
 OTHER_HOST = "other.provider.test"
+# A session whose CLI stays busy for a while (tests/node/test_confinement.py changes the
+# network under it): one Bash call that sleeps, then the answer.
+LONG_TASK = "TASK-LONG: wait, then answer."
+LONG_SCENARIO = {"name": "long", "match": "TASK-LONG", "turns": [
+    {"tool_uses": [{"name": "Bash", "input": {"command": "sleep 45"}}]}, {"text": "Waited.\nsealed"}]}
 BUCKET_ENV = {"AWS_ACCESS_KEY_ID": "probe-runner-test", "AWS_SECRET_ACCESS_KEY": "probe-runner-test"}
 
 
@@ -56,6 +64,8 @@ def _load(name: str) -> Any:
 
 
 realnode = _load("realnode")
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+import test_channel as channel  # noqa: E402
 
 
 # ---- builds (during collection, outside any per-test timeout) -------------------------------
@@ -133,30 +143,17 @@ def image_archives() -> dict[str, dict[str, str]]:
 
 
 # ---- the node and its neighbours --------------------------------------------------------
+# Plain context managers (bench/realnode.py starts the same stack), and the fixtures over them.
 
-@pytest.fixture(scope="session")
-def built_images() -> dict[str, dict[str, str]]:
-    return image_archives()
-
-
-@pytest.fixture(scope="session")
-def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+@contextlib.contextmanager
+def node_up(work: Path) -> Iterator[Any]:
+    """Control plane + node + cluster DNS, the built images imported."""
     cp_bin, node_bin = built("cluster"), built("node")
     archives = [Path(e["archive"]) for e in image_archives().values()]
     realnode.reap_orphans()
-    old_term = signal.getsignal(signal.SIGTERM)
-    if old_term in (signal.SIG_DFL, None):
-        # pytest tears fixtures down on Ctrl-C, not on SIGTERM (a CI timeout): make it one.
-        def _on_term(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt(f"signal {signum}")
-        signal.signal(signal.SIGTERM, _on_term)
-    try:
-        with realnode.start_node(cp_bin, node_bin, tmp_path_factory.mktemp("node"), archives,
-                                 hosts={PROVIDER_HOST: "provider", OTHER_HOST: "other"}) as node:
-            yield node
-    finally:
-        if old_term in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, old_term)
+    with realnode.start_node(cp_bin, node_bin, work, archives,
+                             hosts={PROVIDER_HOST: "provider", OTHER_HOST: "other"}) as node:
+        yield node
 
 
 @dataclass
@@ -167,36 +164,42 @@ class Provider:
     base_url: str        # https://api.provider.test
 
 
-@pytest.fixture(scope="session")
-def provider(real_node: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
+@contextlib.contextmanager
+def serve_provider(node: Any, work: Path) -> Iterator[Provider]:
     from runner.testing.provider import ScriptedProvider
 
-    pki = realnode.Pki(tmp_path_factory.mktemp("provider-pki"))
+    pki = realnode.Pki(work)
     crt, key = pki.issue("provider", PROVIDER_HOST, server=True, dns=[PROVIDER_HOST, OTHER_HOST])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(crt), str(key))
+    # The demo's scenarios, the channel attacks' (tests/integration/test_channel.py) and a long one.
     scenarios = json.loads((REPO / "runner" / "demo" / "scenarios.json").read_text())
-    with ScriptedProvider(scenarios, host=real_node.provider_ip, port=443, tls=ctx,
+    scenarios["scenarios"] += [*channel.SCENARIOS["scenarios"], LONG_SCENARIO]
+    with ScriptedProvider(scenarios, host=node.provider_ip, port=443, tls=ctx,
                           server_name=PROVIDER_HOST) as server:
         yield Provider(server, pki.ca.read_text(), pki.ca, server.base_url)
 
 
-@pytest.fixture(scope="session")
-def bucket(real_node: Any) -> Iterator[tuple[str, Any]]:
+@contextlib.contextmanager
+def serve_bucket(node: Any) -> Iterator[tuple[str, Any]]:
     """moto's S3 server on the host address (the pods reach it through the node's NAT), with
     the bucket ``probes``: (endpoint, boto3 client)."""
     import boto3
     from moto.server import ThreadedMotoServer
 
-    port = realnode.free_port(real_node.host_ip)
-    server = ThreadedMotoServer(ip_address=real_node.host_ip, port=port, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request
+    port = realnode.free_port(node.host_ip)
+    server = ThreadedMotoServer(ip_address=node.host_ip, port=port, verbose=False)
     server.start()
-    endpoint = f"http://{real_node.host_ip}:{port}"
-    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **{
-        "aws_access_key_id": BUCKET_ENV["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": BUCKET_ENV["AWS_SECRET_ACCESS_KEY"]})
-    s3.create_bucket(Bucket="probes")
-    yield endpoint, s3
-    server.stop()
+    try:
+        endpoint = f"http://{node.host_ip}:{port}"
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **{
+            "aws_access_key_id": BUCKET_ENV["AWS_ACCESS_KEY_ID"],
+            "aws_secret_access_key": BUCKET_ENV["AWS_SECRET_ACCESS_KEY"]})
+        s3.create_bucket(Bucket="probes")
+        yield endpoint, s3
+    finally:
+        server.stop()
 
 
 def _helm_module() -> Any:
@@ -223,9 +226,8 @@ class Install:
                 "RUNNER_LOCAL__WORKDIR": str(tmp / "user")}
 
 
-@pytest.fixture(scope="session")
-def install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[Install]:
+def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Path,
+                  concurrency: int = 2) -> Install:
     """The chart installed with the real helm into a namespace enforcing the restricted Pod
     Security Standard: provider https://api.provider.test with the throwaway CA as its
     caBundle, the bucket on moto, images as imported (pullPolicy Never), the canary's foreign
@@ -234,28 +236,74 @@ def install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_pat
 
     helm = _helm_module()
     uid = secrets.token_hex(3)
-    ns, release = real_node.restricted_namespace(f"pr-{uid}"), f"pr-{uid}"
-    real_node.apply([
+    ns, release = node.restricted_namespace(f"pr-{uid}"), f"pr-{uid}"
+    node.apply([
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": ns},
          "stringData": {"api-key": "demo-key"}},
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bucket", "namespace": ns}, "stringData": BUCKET_ENV},
     ])
-    values = tmp_path_factory.mktemp("values") / "values.json"
+    values = work / "values.json"
     values.write_text(json.dumps({
         "images": {"pullPolicy": "Never"},
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
-        "bucket": {"store": "s3://probes/campaigns", "endpoint": bucket[0], "region": "us-east-1",
+        "bucket": {"store": "s3://probes/campaigns", "endpoint": bucket_endpoint, "region": "us-east-1",
                    "credentialsSecret": "bucket"},
-        "controller": {"concurrency": 2, "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                                       "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"}}},
+        "controller": {"concurrency": concurrency,
+                       "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                     "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"}}},
         "session": {"timeoutSeconds": 300,
                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                   "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "1Gi"}},
                     "canary": {"enabled": True, "intervalSeconds": 300, "foreignHosts": [OTHER_HOST],
-                               "extraTargets": [f"{real_node.host_ip}:6443", f"{real_node.provider_ip}:443",
-                                                f"{real_node.other_ip}:80"]}},
+                               "extraTargets": [f"{node.host_ip}:6443", f"{node.provider_ip}:443",
+                                                f"{node.other_ip}:80"]}},
         "egressProxy": {"replicas": 1},
     }))
     helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
-              "--kubeconfig", str(real_node.kubeconfig), "--wait", "--timeout", "100s")
-    yield Install(ns, release, real_node, bucket[0])
+              "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
+    return Install(ns, release, node, bucket_endpoint)
+
+
+@pytest.fixture(scope="session")
+def built_images() -> dict[str, dict[str, str]]:
+    return image_archives()
+
+
+@pytest.fixture(scope="session")
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    old_term = signal.getsignal(signal.SIGTERM)
+    if old_term in (signal.SIG_DFL, None):
+        # pytest tears fixtures down on Ctrl-C, not on SIGTERM (a CI timeout): make it one.
+        def _on_term(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, _on_term)
+    try:
+        with node_up(tmp_path_factory.mktemp("node")) as node:
+            yield node
+    finally:
+        if old_term in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, old_term)
+
+
+@pytest.fixture(scope="session")
+def provider(real_node: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provider]:
+    with serve_provider(real_node, tmp_path_factory.mktemp("provider-pki")) as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def long_task() -> str:
+    """The task of a session whose CLI stays busy for 45 s (the provider plays LONG_SCENARIO)."""
+    return LONG_TASK
+
+
+@pytest.fixture(scope="session")
+def bucket(real_node: Any) -> Iterator[tuple[str, Any]]:
+    with serve_bucket(real_node) as b:
+        yield b
+
+
+@pytest.fixture(scope="session")
+def install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
+            ) -> Install:
+    return install_chart(real_node, provider, bucket[0], tmp_path_factory.mktemp("values"))

@@ -27,6 +27,7 @@ from runner.k8s.api import Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.executor import KubernetesExecutor
 from runner.settings import Settings
+from test_channel import channel_plan_data  # noqa: E402  (tests/integration, on the path by conftest.py)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -191,6 +192,36 @@ def _proxy(node, install) -> tuple[str, int]:
     return svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
 
 
+def _campaign_with_egress_opened(install, tmp_path, plan: dict, corpus: Path, when, policy: str
+                                 ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """Run ``plan`` from a workstation as the controller Job would (the chart's settings, a check
+    every 5 s, one session at a time); once ``when()`` holds, add a foreign NetworkPolicy that
+    opens all egress of session pods. Returns the finished run and its environment."""
+    node = install.node
+    env = {**_install_env(install, tmp_path), "RUNNER_KUBE__CANARY_INTERVAL_SECONDS": "5", "RUNNER_CONCURRENCY": "1"}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    argv = [sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus", str(corpus),
+            "--executor", "kubernetes"]
+    run = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    foreign = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": policy, "namespace": install.namespace},
+               "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
+                        "policyTypes": ["Egress"], "egress": [{}]}}
+    try:
+        deadline = time.monotonic() + 240
+        while not when():
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the moment to open egress never came"
+            time.sleep(0.2)
+        node.apply(foreign)
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        node.kubectl("-n", install.namespace, "delete", "networkpolicy", policy, check=False)
+    return subprocess.CompletedProcess(argv, run.returncode, out, err), env
+
+
 def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it_overlapped(install, provider, tmp_path):
     """The campaign runs from a workstation as the controller Job would (the chart's settings,
     checks every 5 s, one session at a time). Once the first session pod exists, a foreign
@@ -203,32 +234,18 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
     from runner.store import open_store
 
     node = install.node
-    env = {**_install_env(install, tmp_path), "RUNNER_KUBE__CANARY_INTERVAL_SECONDS": "5", "RUNNER_CONCURRENCY": "1"}
     campaign = f"foreign-{os.urandom(3).hex()}"
     plan = json.loads(demo.PLAN.read_text())
     plan.update(campaign=campaign, repetitions=1)  # 4 sessions, one at a time
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    run = subprocess.Popen([sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus",
-                            str(demo.CORPUS), "--executor", "kubernetes"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    foreign = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-               "metadata": {"name": "allow-all-egress-later", "namespace": install.namespace},
-               "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
-                        "policyTypes": ["Egress"], "egress": [{}]}}
-    try:
-        deadline = time.monotonic() + 240
-        while not json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l",
-                                          f"{names.COMPONENT}={names.SESSION_COMPONENT},{names.PROBE}!=canary",
-                                          "-o", "json").stdout)["items"]:
-            assert run.poll() is None, run.communicate()
-            assert time.monotonic() < deadline, "no session pod appeared"
-            time.sleep(0.5)
-        node.apply(foreign)
-        out, err = run.communicate(timeout=600)
-    finally:
-        if run.poll() is None:
-            run.kill()
-        node.kubectl("-n", install.namespace, "delete", "networkpolicy", "allow-all-egress-later", check=False)
+
+    def a_session_pod_exists() -> bool:
+        return bool(json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l",
+                                            f"{names.COMPONENT}={names.SESSION_COMPONENT},{names.PROBE}!=canary",
+                                            "-o", "json").stdout)["items"])
+
+    run, env = _campaign_with_egress_opened(install, tmp_path, plan, demo.CORPUS, a_session_pod_exists,
+                                            "allow-all-egress-later")
+    out, err = run.stdout, run.stderr
     assert run.returncode == 12, out + err
     assert "halted: confinement check" in err and "no further session was started" in err, err
     assert "a route opened" in err or "allow-all-egress-later" in err, err
@@ -245,3 +262,49 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
     # starts meanwhile is refused by its own entry point the same way.)
     assert refused and all(r[1] == "refused" for r in refused), reasons
     assert not [r for r in reasons if r[1] == "succeeded"], reasons
+
+
+def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transform(install, provider, long_task,
+                                                                                 tmp_path):
+    """The case the entry point cannot catch: the CLI has started (its first request reached the
+    provider) when a foreign policy opens all egress of session pods. The next check measures
+    it, the run stops starting sessions and exits 12, the session runs to its end (its CLI is
+    never killed mid-stream) and its capture carries the failed check, so the transform refuses
+    it; no transcript states it. DESIGN: a session is recorded only if confinement held for
+    the whole of it."""
+    from runner import layout
+    from runner.ledger import Ledger
+    from runner.store import open_store
+    from runner.testing.provider import first_user_text
+
+    campaign = f"overlap-{os.urandom(3).hex()}"
+    corpus = tmp_path / "corpus"
+    (corpus / "docs/probes").mkdir(parents=True)
+    (corpus / "docs/a.md").write_text("# A\n")
+    probe = {"id": "HW-PRB-0102", "path": "docs/probes/long.md", "title": "Long session", "task": long_task,
+             "answers": ["sealed"], "examines": ["docs/a.md"]}
+    (corpus / probe["path"]).write_text(f"# {probe['title']}\n\n## Task\n\n{long_task}\n")
+    asked = len(provider.server.requests)
+
+    def the_cli_reached_the_provider() -> bool:
+        return any(long_task in first_user_text(r["body"]) for r in provider.server.requests[asked:]
+                   if isinstance(r.get("body"), dict))
+
+    run, env = _campaign_with_egress_opened(install, tmp_path, {**channel_plan_data(campaign), "probes": [probe]},
+                                            corpus, the_cli_reached_the_provider, "allow-all-egress-overlap")
+    out, err = run.stdout, run.stderr
+    assert run.returncode == 12, out + err
+    assert "halted: confinement check" in err, err
+    with _environ(env):
+        store = open_store("s3://probes/campaigns", Settings())
+        (state,) = Ledger(store, campaign).sessions().values()
+        capture = json.loads(store.get(layout.SessionKeys(campaign, probe["id"], "present-001").capture))
+        refusals = json.loads(store.get(layout.refusals_key(campaign)))["refusals"]
+    # The CLI ran to its end: the session itself succeeded ...
+    assert state.status == "succeeded", (state.status, state.detail)
+    assert capture["exit_code"] == 0
+    failed = [c for c in capture["confinement_checks"] if not c["passed"]]
+    assert failed, capture["confinement_checks"]
+    # ... and the transform refuses it, naming the check that failed while it ran.
+    (refusal,) = refusals
+    assert "failed while this session ran" in refusal["reason"], refusal
