@@ -13,8 +13,9 @@ same image running the same command, measured in the same run.
   Its workspace is empty (nothing delivers one), so its Read calls return errors; its turns with
   the provider are the same.
 
-Both sides are timed by the same observers: a pod watch (creation: its ADDED event; end of a
-bare pod: the first event with the harness container terminated) and a sampler of the node's
+Both sides are timed by the same observers: a pod watch (creation: its ADDED event; the harness
+container running, as the kubelet reports it; end of a bare pod: the first event with the
+harness container terminated) and a sampler of the node's
 pod cgroups every 50 ms (the CLI's start from its /proc start time, 10 ms resolution; its exit
 when it is gone, so exit times are late by up to 50 ms on both sides). The outcome's time is
 the ledger entry's own ``at`` (milliseconds; the controller runs on this machine's clock).
@@ -75,6 +76,8 @@ class PodWatch(threading.Thread):
                     rec = self.pods.setdefault(pod.metadata.name, {"added": t, "uid": pod.metadata.uid})
                     rec.setdefault("object", client.ApiClient().sanitize_for_serialization(pod))
                     for cs in pod.status.container_statuses or []:
+                        if cs.name == "harness" and cs.state and (cs.state.running or cs.state.terminated):
+                            rec.setdefault("running_seen", t)
                         if cs.name == "harness" and cs.state and cs.state.terminated:
                             rec.setdefault("terminated_seen", t)
                             rec["exit_code"] = cs.state.terminated.exit_code
@@ -201,7 +204,7 @@ def run_bare(core: client.CoreV1Api, namespace: str, podwatch: PodWatch, templat
 
 def summary(label: str, values: list[float]) -> str:
     v = sorted(values)
-    return (f"{label:<44} n={len(v):<3} p50 {statistics.median(v):6.2f} s   "
+    return (f"{label:<48} n={len(v):<3} p50 {statistics.median(v):6.2f} s   "
             f"min {v[0]:6.2f} s   max {v[-1]:6.2f} s")
 
 
@@ -245,10 +248,13 @@ def main() -> int:
                     if side == "bare" and pod.get("exit_code") != 0:
                         raise SystemExit(f"bare pod {name}: the CLI exited {pod.get('exit_code')}")
                     end = journaled[name] if side == "ours" else pod["terminated_seen"]
-                    rows[side].append((cli["start"] - pod["added"], end - cli["exit"]))
+                    rows[side].append((cli["start"] - pod["added"], end - cli["exit"],
+                                       pod["running_seen"] - pod["added"]))
     starts = {s: [r[0] for r in rows[s]] for s in rows}
     ends = {s: [r[1] for r in rows[s]] for s in rows}
     print()
+    print(summary("ours: pod created -> harness container running", [r[2] for r in rows["ours"]]))
+    print(summary("bare: pod created -> harness container running", [r[2] for r in rows["bare"]]))
     print(summary("ours: pod created -> harness (CLI) started", starts["ours"]))
     print(summary("bare: pod created -> harness (CLI) started", starts["bare"]))
     print(summary("ours: harness exited -> outcome journaled", ends["ours"]))

@@ -13,7 +13,7 @@
 # stdout: the path of the binary, as the last (and only) line. Build logs go to stderr.
 set -euo pipefail
 SRC="$(cd "$(dirname "$0")" && pwd)"
-source "${SRC}/../go-toolchain.sh"
+source "${SRC}/../go-build.sh"
 export GOFLAGS="${GOFLAGS} -mod=readonly"  # build exactly what go.sum pins
 
 PIN="$(awk '$1 == "github.com/mattfenwick/cyclonus" {print $2} $1 == "require" && $2 == "github.com/mattfenwick/cyclonus" {print $3}' "${SRC}/go.mod")"
@@ -22,37 +22,12 @@ if [[ -z "${PIN}" ]]; then
   exit 1
 fi
 SRC_HASH="$(cat "${SRC}/go.mod" "${SRC}/go.sum" "${SRC}/main.go" | sha256sum | cut -c1-12)"
-CACHE_ROOT="${PROBE_RUNNER_CACHE:-${HOME}/.cache/probe-runner}/netpol"
 KEY="cyclonus-${PIN}_${GO_VERSION}_src-${SRC_HASH}"
-DEST="${CACHE_ROOT}/${KEY}"
-BIN="${DEST}/bin/netpol-eval"
+BINARIES=(netpol-eval)
 
 log() { echo "netpol/build.sh: $*" >&2; }
 
-if [[ -f "${DEST}/.complete" && -x "${BIN}" ]]; then
-  echo "${BIN}"
-  exit 0
-fi
-
-mkdir -p "${CACHE_ROOT}"
-# One build at a time per cache (parallel test runners, CI + a developer shell).
-exec 9>"${CACHE_ROOT}/.lock"
-if ! flock -n 9; then
-  log "another build holds ${CACHE_ROOT}/.lock; waiting"
-  flock 9
-fi
-if [[ -f "${DEST}/.complete" && -x "${BIN}" ]]; then
-  echo "${BIN}"
-  exit 0
-fi
-# Holding the lock, no other build runs: any temp dir left is from a killed build.
-rm -rf "${CACHE_ROOT}"/.tmp.*
-
-START=$(date +%s)
-TMP="$(mktemp -d "${CACHE_ROOT}/.tmp.${KEY}.XXXXXX")"
-trap 'rm -rf "${TMP}"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
+cache_begin netpol bin/netpol-eval
 log "building ${KEY} (go ${GO_VERSION}, -p ${JOBS})"
 (cd "${SRC}" && "${GO}" build -p "${JOBS}" -trimpath -ldflags "-s -w" -o "${TMP}/bin/netpol-eval" . >&2)
 
@@ -61,14 +36,4 @@ probe='{"policies": [], "traffic": [{"Source": {"Internal": {"Namespace": "a"}},
 got="$("${TMP}/bin/netpol-eval" <<<"${probe}")"
 [[ "${got}" == '[{"allowed":true,'* ]] || { log "netpol-eval answered '${got}'"; exit 1; }
 
-END=$(date +%s)
-printf 'key=%s\ncyclonus=%s\ngo=%s\nbuild_seconds=%s\nbuilt_at=%s\n' "${KEY}" "${PIN}" "${GO_VERSION}" \
-  "$((END - START))" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${TMP}/build-info.txt"
-chmod 755 "${TMP}"
-touch "${TMP}/.complete"
-# An entry without .complete is a leftover (entries appear by rename); replace it.
-rm -rf "${DEST}"
-mv -T "${TMP}" "${DEST}"
-trap - EXIT
-log "built ${KEY} in $((END - START))s"
-echo "${BIN}"
+cache_commit bin/netpol-eval "cyclonus=${PIN}"

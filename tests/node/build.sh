@@ -40,120 +40,20 @@ KUBE_ROUTER_NETLINK_VERSION=v1.3.1
 RECIPE_REVISION=1
 # -------------------------------------------------------------------------------------
 
-source "$(dirname "$0")/../go-toolchain.sh"
+source "$(dirname "$0")/../go-build.sh"
 
-CACHE_ROOT="${PROBE_RUNNER_CACHE:-${HOME}/.cache/probe-runner}/node"
 KEY="k8s-${KUBE_VERSION}_coredns-${COREDNS_VERSION}_kube-router-${KUBE_ROUTER_VERSION}_netlink-${KUBE_ROUTER_NETLINK_VERSION}_${GO_VERSION}_r${RECIPE_REVISION}"
-DEST="${CACHE_ROOT}/${KEY}"
 BINARIES=(kubelet kube-proxy coredns kube-router)
 
 log() { echo "node/build.sh: $*" >&2; }
 
-cache_complete() {
-  [[ -f "${DEST}/.complete" ]] || return 1
-  local b
-  for b in "${BINARIES[@]}"; do
-    [[ -x "${DEST}/bin/${b}" ]] || return 1
-  done
-}
-
-if cache_complete; then
-  echo "${DEST}/bin"
-  exit 0
-fi
-
-mkdir -p "${CACHE_ROOT}"
-# One build at a time per cache (parallel test runners, CI + a developer shell).
-exec 9>"${CACHE_ROOT}/.lock"
-if ! flock -n 9; then
-  log "another build holds ${CACHE_ROOT}/.lock; waiting"
-  flock 9
-fi
-if cache_complete; then
-  echo "${DEST}/bin"
-  exit 0
-fi
-
-# Holding the lock, no other build runs: any temp dir left is from a killed build.
-rm -rf "${CACHE_ROOT}"/.tmp.*
-
-START=$(date +%s)
-TMP="$(mktemp -d "${CACHE_ROOT}/.tmp.${KEY}.XXXXXX")"
-cleanup() { rm -rf "${TMP}"; }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
-mkdir -p "${TMP}/bin" "${TMP}/src"
+cache_begin node bin
 log "building ${KEY} into ${TMP} (go ${GO_VERSION}, -p ${JOBS}); a cold build takes a while"
 
 # ---- Kubernetes: kubelet, kube-proxy ------------------------------------------------
-# Same wrapper module as tests/cluster/build.sh: k8s.io/kubernetes requires its staging
-# modules at v0.0.0 and replaces them with ./staging/..., so it cannot be `go install`ed; the
-# wrapper replaces every staging module listed in the tag's own go.mod with the matching
-# published v0.N.P version.
-KUBE_MINOR="$(cut -d. -f2 <<<"${KUBE_VERSION}")"
-STAGING_VERSION="v0.${KUBE_VERSION#v1.}"
-if ! KUBE_DL="$(cd "${TMP}" && "${GO}" mod download -json "k8s.io/kubernetes@${KUBE_VERSION}")"; then
-  log "go mod download k8s.io/kubernetes@${KUBE_VERSION} failed:"
-  echo "${KUBE_DL}" >&2
-  exit 1
-fi
-KUBE_GOMOD="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' <<<"${KUBE_DL}")"
-if [[ ! -f "${KUBE_GOMOD}" ]]; then
-  log "could not locate go.mod of k8s.io/kubernetes@${KUBE_VERSION} in:"
-  echo "${KUBE_DL}" >&2
-  exit 1
-fi
-mapfile -t STAGING < <(grep -E '^[[:space:]]*k8s\.io/[^[:space:]]+[[:space:]]+=>[[:space:]]+\./staging/' "${KUBE_GOMOD}" |
-  awk '{print $1}')
-if (( ${#STAGING[@]} < 20 )); then
-  log "found only ${#STAGING[@]} staging replaces in ${KUBE_GOMOD}; refusing to guess"
-  exit 1
-fi
-log "k8s.io/kubernetes ${KUBE_VERSION}: ${#STAGING[@]} staging modules -> ${STAGING_VERSION}"
-
-KSRC="${TMP}/src/kubernetes"
-mkdir -p "${KSRC}"
-{
-  echo "module probe-runner.local/node-build/kubernetes"
-  echo
-  echo "go 1.26.0"
-  echo
-  echo "require k8s.io/kubernetes ${KUBE_VERSION}"
-  echo
-  echo "replace ("
-  for m in "${STAGING[@]}"; do
-    echo "	${m} => ${m} ${STAGING_VERSION}"
-  done
-  echo ")"
-} >"${KSRC}/go.mod"
-# The main packages to build are imported by a file that is never compiled, so that
-# `go mod tidy` records their dependencies.
-cat >"${KSRC}/tools.go" <<'EOF'
-//go:build tools
-
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-proxy"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-EOF
-KUBE_LDFLAGS="-s -w"
-KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitVersion=${KUBE_VERSION}"
-KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitMajor=1"
-KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitMinor=${KUBE_MINOR}"
-KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitTreeState=clean"
-KUBE_LDFLAGS+=" -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
-(
-  cd "${KSRC}"
-  log "go mod tidy (kubernetes wrapper)"
-  "${GO}" mod tidy >&2
-  log "go build kubelet kube-proxy"
-  "${GO}" build -p "${JOBS}" -trimpath -ldflags "${KUBE_LDFLAGS}" -o "${TMP}/bin/" \
-    k8s.io/kubernetes/cmd/kubelet \
-    k8s.io/kubernetes/cmd/kube-proxy >&2
-)
+# The same wrapper module as tests/cluster/build.sh (tests/go-build.sh), so both report
+# Kubernetes KUBE_VERSION and share the Go build cache's packages.
+build_kubernetes probe-runner.local/node-build/kubernetes kubelet kube-proxy
 
 # ---- CoreDNS ------------------------------------------------------------------------
 # github.com/coredns/coredns has no replace lines: its own main package installs as is,
@@ -216,27 +116,5 @@ got="$("${TMP}/bin/coredns" -version)"
 got="$("${TMP}/bin/kube-router" --version 2>&1)"
 [[ "${got}" == *" version ${KUBE_ROUTER_VERSION},"* ]] || { log "kube-router reports: ${got}"; exit 1; }
 
-END=$(date +%s)
-{
-  echo "key=${KEY}"
-  echo "kubernetes=${KUBE_VERSION}"
-  echo "coredns=${COREDNS_VERSION}"
-  echo "kube-router=${KUBE_ROUTER_VERSION}"
-  echo "kube-router_netlink=${KUBE_ROUTER_NETLINK_VERSION}"
-  echo "go=${GO_VERSION}"
-  echo "build_seconds=$((END - START))"
-  echo "built_at=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-} >"${TMP}/build-info.txt"
-rm -rf "${TMP}/src"
-chmod 755 "${TMP}"
-touch "${TMP}/.complete"
-
-# An entry without .complete can only be a leftover of an older recipe or manual
-# tampering (entries appear by rename); replace it.
-if [[ -e "${DEST}" ]]; then
-  rm -rf "${DEST}"
-fi
-mv -T "${TMP}" "${DEST}"
-trap - EXIT
-log "built ${KEY} in $((END - START))s"
-echo "${DEST}/bin"
+cache_commit bin "kubernetes=${KUBE_VERSION}" "coredns=${COREDNS_VERSION}" "kube-router=${KUBE_ROUTER_VERSION}" \
+  "kube-router_netlink=${KUBE_ROUTER_NETLINK_VERSION}"
