@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import tarfile
 import threading
@@ -40,6 +41,8 @@ from runner.seal import SealedWorkspace
 from runner.settings import Settings
 from runner.store import Store
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+log = logging.getLogger(__name__)
 
 CONFINEMENT_PROSE = (
     "Each session ran in its own Kubernetes pod (kubernetes executor): non-root, read-only root "
@@ -265,7 +268,10 @@ class KubernetesExecutor:
                  also_collect) -> dict:
         tar_bytes = self._exec(pod, pack_argv()).stdout
         out = scratch / "collected"
-        _extract_safely(tar_bytes, out)
+        skipped = _extract_safely(tar_bytes, out)
+        if skipped:
+            log.warning("%s: %d workspace member(s) not unpacked (outside the workspace or through a link): %s",
+                        pod, len(skipped), ", ".join(skipped[:10]))
         return collect_workspace(out, sealed.manifest, also_collect(keys, WORKSPACE), store, keys)
 
     def _delete(self, name: str, grace: int | None = None) -> None:
@@ -317,27 +323,45 @@ def _workspace_tar(root: Path, gid: int) -> bytes:
     return buf.getvalue()
 
 
-def _extract_safely(data: bytes, dest: Path) -> None:
-    """Regular files and links only, inside ``dest``; links are recreated, never followed."""
+def _extract_safely(data: bytes, dest: Path) -> list[str]:
+    """Directories, regular files and links inside ``dest``, from a tar the session pod made
+    (untrusted). A link is recreated as a link and never followed: a member whose path runs
+    through a link an earlier member made (``a -> /outside``, then ``a/x``) is skipped, and a
+    member that replaces a link replaces the link, not what it points at. Returns the names
+    skipped. (tarfile's extraction filters do the same from Python 3.11.4 on; the runner image's
+    Debian python3 is 3.11.2, so one check here serves every interpreter.)"""
     dest.mkdir(parents=True, exist_ok=True)
+    root = Path(os.path.realpath(dest))
+    skipped: list[str] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         for m in tar:
             rel = Path(os.path.normpath(m.name))
             if rel.is_absolute() or rel.parts[:1] == ("..",) or str(rel) == ".":
+                skipped.append(m.name)
                 continue
-            target = dest / rel
+            target = root / rel
+            # realpath resolves the links already unpacked: the member's directory must stay inside.
+            if not Path(os.path.realpath(target.parent)).is_relative_to(root):
+                skipped.append(m.name)
+                continue
             if m.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif m.isfile():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(m)
-                assert src is not None
-                with open(target, "wb") as f:
-                    while chunk := src.read(1 << 20):
-                        f.write(chunk)
-            elif m.issym():
-                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.is_symlink():
+                    target.mkdir(parents=True, exist_ok=True)
+                continue
+            if not (m.isfile() or m.issym()):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            if m.issym():
                 os.symlink(m.linkname, target)
+                continue
+            src = tar.extractfile(m)
+            assert src is not None
+            with open(target, "xb") as f:  # O_EXCL: never through a link
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
+    return skipped
 
 
 def _upload(spool: Path, store: Store, key: str) -> dict:

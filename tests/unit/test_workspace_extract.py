@@ -1,0 +1,73 @@
+"""The controller unpacks each session's workspace from a tar the session pod made: untrusted
+input. Links are recreated as links and never followed, so no member can write outside the
+directory it is unpacked into, however the members are ordered (issue 13: a member
+``a -> /outside`` followed by ``a/x`` wrote ``/outside/x``)."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+from runner.k8s.executor import _extract_safely
+
+
+def _tar(*members: tuple[str, str, str | bytes]) -> bytes:
+    """(kind, name, link target or content) with kind "dir", "file" or "link", in this order."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for kind, name, value in members:
+            info = tarfile.TarInfo(name)
+            if kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, str(value)
+                tar.addfile(info)
+            else:
+                data = value if isinstance(value, bytes) else value.encode()
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_file_behind_a_planted_directory_link_is_not_written_outside(tmp_path):
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    skipped = _extract_safely(_tar(("link", "a", outside), ("file", "a/x", "planted"),
+                                   ("dir", "a/sub", ""), ("link", "a/l", "/etc/passwd")), dest)
+    assert list(outside.iterdir()) == []
+    assert (dest / "a").is_symlink() and os.readlink(dest / "a") == str(outside)  # recreated, not followed
+    assert skipped == ["a/x", "a/sub", "a/l"]
+
+
+def test_a_relative_link_that_climbs_out_is_not_followed(tmp_path):
+    outside, dest = tmp_path / "outside", tmp_path / "dest"
+    outside.mkdir()
+    skipped = _extract_safely(_tar(("dir", "d", ""), ("link", "d/up", "../../outside"), ("file", "d/up/y", "planted")),
+                              dest)
+    assert list(outside.iterdir()) == []
+    assert skipped == ["d/up/y"]
+
+
+def test_a_file_replacing_a_link_replaces_the_link_not_its_target(tmp_path):
+    victim, dest = tmp_path / "victim.txt", tmp_path / "dest"
+    victim.write_text("unchanged")
+    _extract_safely(_tar(("link", "f", victim), ("file", "f", "new")), dest)
+    assert victim.read_text() == "unchanged"
+    assert not (dest / "f").is_symlink() and (dest / "f").read_text() == "new"
+
+
+def test_an_ordinary_workspace_comes_out_whole(tmp_path):
+    dest = tmp_path / "dest"
+    skipped = _extract_safely(_tar(("dir", "docs", ""), ("file", "docs/a.md", "# A\n"), ("link", "latest", "docs/a.md"),
+                                   ("link", "etc", "/etc"), ("dir", "inner", ""), ("link", "inner/up", "../docs"),
+                                   ("file", "/abs", "x"), ("file", "../escape", "x")), dest)
+    assert (dest / "docs/a.md").read_text() == "# A\n"
+    assert os.readlink(dest / "latest") == "docs/a.md" and os.readlink(dest / "etc") == "/etc"
+    assert os.readlink(dest / "inner/up") == "../docs"
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*")) == [
+        "docs", "docs/a.md", "etc", "inner", "inner/up", "latest"]
+    assert skipped == ["/abs", "../escape"]
+    assert not (tmp_path / "escape").exists() and not Path("/abs").exists()
