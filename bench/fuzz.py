@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/fuzz_targets.py: the fuzz targets
 
 
 def _seeds() -> list[bytes]:
@@ -42,7 +42,7 @@ def _seeds() -> list[bytes]:
     seeds = [bytes([0]) + plan, bytes([1]) + probe_yml]
     streams = sorted((ROOT / "tests/data").rglob("*.jsonl"))
     seeds += [bytes([2]) + p.read_bytes()[:200_000] for p in streams]
-    from runner.testing import fuzz_targets
+    import fuzz_targets
 
     seeds.append(bytes([3]) + fuzz_targets.sample_transcript().encode())
     return seeds
@@ -58,7 +58,7 @@ def main() -> None:
     import atheris
 
     with atheris.instrument_imports(include=["runner"]):
-        from runner.testing import fuzz_targets
+        import fuzz_targets
 
     args.crashers.mkdir(parents=True, exist_ok=True)
     corpus = args.corpus or Path(tempfile.mkdtemp(prefix="fuzz-corpus-"))

@@ -47,7 +47,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/fuzz_targets.py: the fuzz targets
 
 WORKSPACE = "/workspace"
 CONFIG = "/session/config"
@@ -230,7 +230,7 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
     import orjson
 
     from runner import intake, stream
-    from runner.testing.fuzz_targets import LOCK, identity
+    from fuzz_targets import LOCK, identity
     from runner.transcript import rendered
     from runner.transform import SessionFacts, result_needed, transform
 
@@ -281,7 +281,7 @@ def child(kind: str, files: list[Path]) -> dict:
             "spec = importlib.util.spec_from_file_location('bench_transform', %r);"
             "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b);"
             "from pathlib import Path; files = [Path(p) for p in json.load(sys.stdin)];"
-            "import runner.stream, runner.transform, runner.intake, runner.transcript, runner.testing.fuzz_targets, orjson;"
+            "import runner.stream, runner.transform, runner.intake, runner.transcript, fuzz_targets, orjson;"
             "base = b._peak_rss_kb(); t = b._cpu(); n = getattr(b, %r)(files); t = b._cpu() - t;"
             "print(json.dumps({'cpu': t, 'items': n, 'base_rss_kb': base, 'peak_rss_kb': b._peak_rss_kb()}))"
             % (str(Path(__file__).resolve()), kind))

@@ -17,13 +17,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from runner import digest, layout, stream
+from runner import digest, hooks, layout, stream
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
-from runner.testonly_killpoints import kill_point
 from runner.throttle import Backoff, Halted, Signals, observe, refused_key
 from runner.transform import corpus_identifiers, shown_paths, written_paths
 
@@ -292,9 +291,9 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
     if attempt > 1 and current.declaration is not None and current.declaration != decl:
         raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
     if not adopt:
-        kill_point("before-intent")
+        hooks.stage("before-intent")
         ledger.intent(spec.key, attempt, decl)
-        kill_point("after-intent")
+        hooks.stage("after-intent")
     keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt)
     scratch = workdir / plan.campaign / spec.probe / f"{spec.name}.{attempt}"
     if scratch.exists():
@@ -350,7 +349,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
         detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
         if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
             detail["reason"] = refused_key(refused)
-        kill_point("before-outcome")
+        hooks.stage("before-outcome")
         ledger.outcome(spec.key, attempt, status, detail)
         _finish(executor, keys)
         return status, parsed.cost_usd

@@ -1,11 +1,16 @@
-"""Fixtures every test tier shares."""
+"""Fixtures every test tier shares, and ``tests/`` on the import path for the test-only
+modules every tier may use (``fuzz_targets``, ``faults``): they are not part of the product."""
 
 from __future__ import annotations
 
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 from moto.server import ThreadedMotoServer
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def free_port() -> int:

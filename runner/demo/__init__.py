@@ -21,7 +21,7 @@ SCENARIOS = HERE / "scenarios.json"
 def run_demo(settings: Settings, run) -> int:
     from pydantic import SecretStr
 
-    from runner.testing.provider import ScriptedProvider
+    from runner.demo.provider import ScriptedProvider
 
     data = json.loads(PLAN.read_text())
     data["campaign"] = "demo-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")

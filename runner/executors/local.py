@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import harness
+from runner import harness, hooks
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
 from runner.executors.elf import elf_loader
@@ -67,7 +67,6 @@ from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
 from runner.store import Store
-from runner.testonly_killpoints import kill_point
 
 HARNESS_PATH = "/run/probe-harness/claude"  # the harness binary's own path inside the sandbox
 # WORKSPACE and CONFIG_DIR: the paths the session sees, the same for every session and both executors.
@@ -305,13 +304,13 @@ class LocalExecutor:
                     fd = reader.fileno()
                     while chunk := os.read(fd, _READ_CHUNK):
                         out.write(chunk)
-                        kill_point("mid-stream", accepted=out.size)
+                        hooks.stage("mid-stream", accepted=out.size)
                     exit_code = proc.wait()
                 finally:
                     timer.cancel()
                     _killpg(proc)  # nothing the session started outlives it
                 out.commit()
-                kill_point("stream-stored")
+                hooks.stage("stream-stored")
                 stream = {"key": keys.stream, "bytes": out.size, "sha256": out.sha256}
         finally:
             (config_dir / ".credentials.json").unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from runner.k8s.api import Kube
 from runner.k8s.executor import KubernetesExecutor
 from runner.ledger import Ledger
 from runner.store import open_store
-from runner.testing.provider import ScriptedProvider
+from runner.demo.provider import ScriptedProvider
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))

@@ -30,7 +30,7 @@ from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import load_settings
 from runner.store import open_store
-from runner.testing.provider import ScriptedProvider
+from runner.demo.provider import ScriptedProvider
 
 sys.path.insert(0, str(Path(__file__).parent))
 from simnode import SimNode  # noqa: E402

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import pytest
 
-from runner.testing.provider import ScriptedProvider
+from runner.demo.provider import ScriptedProvider
 
 #: The CLI version the fixtures and the recorder were verified against.
 EXPECTED_CLAUDE_VERSION = "2.1.197"

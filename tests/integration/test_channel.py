@@ -31,7 +31,7 @@ from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.testing.provider import ScriptedProvider
+from runner.demo.provider import ScriptedProvider
 
 ATTACK = Path(__file__).with_name("channel_attack.py")
 ROUTES = ["processes", "reopen-fd1", "any-fd", "pidfd-getfd", "ptrace", "vm-write", "proc-mem", "controls"]

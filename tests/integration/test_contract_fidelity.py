@@ -25,7 +25,7 @@ from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.testing.provider import ScriptedProvider
+from runner.demo.provider import ScriptedProvider
 from runner.transcript import parse as parse_transcript
 
 DEMO = Path(__file__).parents[2] / "runner" / "demo"

@@ -3,9 +3,9 @@ and S3 answering 500, 503 SlowDown and dropped connections in the middle of an u
 
 The runner runs as `python -m runner run` with the local executor, the real Claude Code CLI
 under bwrap and the scripted provider, on the file backend and on S3 (moto's server over HTTP)
-with the same test bodies. It is stopped at a named stage by the test-only kill points of
-runner/testonly_killpoints.py. What the harness emitted is known independently of the runner:
-the harness command is a wrapper that appends every chunk of the real CLI's stdout to a record
+with the same test bodies. tests/faults.py runs it SIGKILLed at a named stage of runner/hooks.py
+(a no-op in the product). What the harness emitted is known independently of the runner: the
+harness command is a wrapper that appends every chunk of the real CLI's stdout to a record
 in the session's log directory *before* passing it on, so the record always holds at least
 what the runner received.
 """
@@ -31,21 +31,23 @@ import pytest
 
 from runner import layout
 from runner.demo import CORPUS, PLAN, SCENARIOS
+from runner.hooks import STAGES
 from runner.ledger import Ledger
 from runner.settings import S3Settings
 from runner.store import NotFound, StoreError
 from runner.store.file import FileStore
 from runner.store.s3 import S3Store
-from runner.testonly_killpoints import STAGES
 
+FAULTS = Path(__file__).parents[1] / "faults.py"  # the CLI with a SIGKILL at one stage
 MIB = 1 << 20
 SESSION = "HW-PRB-0007/present-001"
 TURNS = 3  # main-loop requests of one whole session of the status-of-0052 scenario
 
 
-def cli(*args, env, timeout=180):
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=timeout)
+def cli(*args, env, timeout=180, kill_at=None):
+    """probe-runner ARGS; with ``kill_at``, SIGKILLed at that stage (tests/faults.py)."""
+    head = [sys.executable, "-m", "runner"] if kill_at is None else [sys.executable, str(FAULTS), kill_at]
+    return subprocess.run([*head, *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout)
 
 
 @pytest.fixture
@@ -155,7 +157,7 @@ def test_a_runner_killed_at_every_stage_keeps_every_byte_and_runs_no_session_twi
              ("mid-stream", 3, None))  # (stage, the session it kills, its main-loop requests by then)
     assert sorted(stage for stage, _, _ in chain) == sorted(STAGES)  # every kill point, none left out
     for stage, victim, requests_by_then in chain:
-        killed = cli(*run, env={**env, "RUNNER_TEST_FAULTS": "1", "RUNNER_TEST_KILL_AT": stage})
+        killed = cli(*run, env=env, kill_at=stage)
         assert killed.returncode == -signal.SIGKILL, f"{stage}: {killed.stderr}"
         said[stage] = next(ln for ln in killed.stderr.splitlines() if ln.startswith(f"fault-injection: SIGKILL at {stage}"))
         assert f"HW-PRB-0007 present-00{victim}" not in killed.stderr  # it never finished, so never reported

@@ -79,7 +79,7 @@ def _run_campaign(root: Path, name: str, probes: list[dict], claude_command, ext
         "arms": ["present"], "repetitions": 1, "identifier_pattern": IDENT.pattern, "probes": probes,
     })
     store = FileStore(root / "store")
-    from runner.testing.provider import ScriptedProvider
+    from runner.demo.provider import ScriptedProvider
 
     with ScriptedProvider(SCENARIOS) as provider:
         settings = Settings(

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import pytest
 
-from runner.testing.provider import (
+from runner.demo.provider import (
     AUXILIARY_TEXT,
     ScenarioError,
     ScriptedProvider,
@@ -561,7 +561,7 @@ def test_command_line_serves_until_sigterm(tmp_path):
     scenarios.write_text(json.dumps(PLAIN))
     record = tmp_path / "r.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runner.testing.provider", "--scenarios", str(scenarios),
+        [sys.executable, "-m", "runner.demo.provider", "--scenarios", str(scenarios),
          "--record", str(record)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
     )
@@ -581,7 +581,7 @@ def test_command_line_serves_until_sigterm(tmp_path):
 
     bad = tmp_path / "bad.json"
     bad.write_text("{\"scenarios\": 3}")
-    out = subprocess.run([sys.executable, "-m", "runner.testing.provider", "--scenarios",
+    out = subprocess.run([sys.executable, "-m", "runner.demo.provider", "--scenarios",
                           str(bad)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 2 and "document.scenarios: must be a non-empty list" in out.stderr

@@ -27,7 +27,7 @@ from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.testing.provider import ScriptedProvider
+from runner.demo.provider import ScriptedProvider
 from runner.transcript import parse as parse_transcript
 
 CAMPAIGN = "iwspath"

@@ -158,7 +158,7 @@ def node_up(work: Path) -> Iterator[Any]:
 
 @dataclass
 class Provider:
-    server: Any          # runner.testing.provider.ScriptedProvider
+    server: Any          # runner.demo.provider.ScriptedProvider
     ca_pem: str          # the throwaway CA that signed the provider's certificate
     ca_file: Path
     base_url: str        # https://api.provider.test
@@ -166,7 +166,7 @@ class Provider:
 
 @contextlib.contextmanager
 def serve_provider(node: Any, work: Path) -> Iterator[Provider]:
-    from runner.testing.provider import ScriptedProvider
+    from runner.demo.provider import ScriptedProvider
 
     pki = realnode.Pki(work)
     crt, key = pki.issue("provider", PROVIDER_HOST, server=True, dns=[PROVIDER_HOST, OTHER_HOST])

@@ -275,7 +275,7 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     from runner import layout
     from runner.ledger import Ledger
     from runner.store import open_store
-    from runner.testing.provider import first_user_text
+    from runner.demo.provider import first_user_text
 
     campaign = f"overlap-{os.urandom(3).hex()}"
     corpus = tmp_path / "corpus"

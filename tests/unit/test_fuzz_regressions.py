@@ -1,7 +1,7 @@
 """Every input under tests/data/fuzz/ once crashed a parser (a traceback instead of a refusal).
 
 ``bench/fuzz.py`` writes what its runs find there, and inputs found by reading the code are
-kept in the same format: the first byte picks the target (see runner/testing/fuzz_targets.py).
+kept in the same format: the first byte picks the target (see tests/fuzz_targets.py).
 Each is replayed through its target, which raises on anything but a defined outcome; the
 inputs whose outcome matters in itself are also checked for that outcome.
 """
@@ -17,7 +17,7 @@ from runner import stream
 from runner.errors import UserError
 from runner.plan import load_plan
 from runner.seal import PROBE_CONFIG, load_probe_config
-from runner.testing import fuzz_targets
+import fuzz_targets
 
 FUZZ = Path(__file__).parents[1] / "data" / "fuzz"
 INPUTS = sorted(FUZZ.glob("*.bin"))

@@ -15,7 +15,7 @@ import time
 import tracemalloc
 
 from runner import digest, intake, stream
-from runner.testing import fuzz_targets
+import fuzz_targets
 from runner.transform import SessionFacts, transform
 
 INIT = {"type": "system", "subtype": "init", "cwd": "/workspace", "permissionMode": "dontAsk"}

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner import answer, digest, intake, stream, transcript
-from runner.testing import fuzz_targets
+import fuzz_targets
 from runner.transform import SessionFacts, _Paths, _shell_words, result_needed, transform
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

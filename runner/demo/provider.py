@@ -76,7 +76,7 @@ Python API::
 
 Command line::
 
-    python -m runner.testing.provider --scenarios FILE [--port N] [--record FILE]
+    python -m runner.demo.provider --scenarios FILE [--port N] [--record FILE]
 
 prints the base URL on its first line and serves until SIGTERM or SIGINT.
 """
@@ -992,7 +992,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m runner.testing.provider",
+        prog="python -m runner.demo.provider",
         description="Serve a scripted Anthropic Messages API for the Claude Code CLI.",
     )
     parser.add_argument("--scenarios", required=True, help="scenario document (JSON file)")
