@@ -6,6 +6,11 @@ catches exactly these classes and lets everything else (a bug) surface in full.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 EXIT_USAGE = 2
 EXIT_CONFINEMENT = 12  # the contract's status for a session that cannot be confined or is refused
 
@@ -43,3 +48,23 @@ class SessionInterrupted(Exception):
 class SessionRefused(Exception):
     """The executor refused a session after journaling its start, before the harness ran (e.g.
     the harness container could not be confined): recorded as refused, with ``reason``."""
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    """One line per problem, each naming the field (``probes[1].id``), never a traceback: the
+    one formatter of every model a user writes (plan, probe configuration, settings, the
+    settings ConfigMap)."""
+    lines = []
+    for e in err.errors():
+        loc = ""
+        for part in e["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "string_pattern_mismatch" and loc.split(".")[-1] in {"lock", "tree", "selection", "read_set"}:
+            msg = "must be 'sha256:' followed by 64 lowercase hex digits"
+        elif e["type"] == "string_pattern_mismatch" and loc == "campaign":
+            msg = "must be lowercase letters, digits, '-' or '.', at most 63 characters"
+        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from runner.digest import DIGEST_PATTERN
-from runner.errors import UserError
+from runner.errors import UserError, format_validation_error
 
 MAX_REPETITIONS = 999  # session names carry the repetition in three digits
 
@@ -180,24 +180,6 @@ class SessionSpec:
     @property
     def key(self) -> str:
         return f"{self.probe}/{self.name}"
-
-
-def format_validation_error(source: str, err: ValidationError) -> str:
-    """One line per problem, each naming the field (``probes[1].id``), never a traceback."""
-    lines = []
-    for e in err.errors():
-        loc = ""
-        for part in e["loc"]:
-            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif e["type"] == "string_pattern_mismatch" and loc.split(".")[-1] in {"lock", "tree", "selection", "read_set"}:
-            msg = "must be 'sha256:' followed by 64 lowercase hex digits"
-        elif e["type"] == "string_pattern_mismatch" and loc == "campaign":
-            msg = "must be lowercase letters, digits, '-' or '.', at most 63 characters"
-        lines.append(f"{source}: {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
 
 
 def parse_document(path: Path) -> object:

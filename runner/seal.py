@@ -83,8 +83,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runner import digest
 from runner.answer import stated
-from runner.errors import SealError, UserError
-from runner.plan import Plan, Probe, format_validation_error, parse_document
+from runner.errors import SealError, UserError, format_validation_error
+from runner.plan import Plan, Probe, parse_document
 
 PROBE_CONFIG = ".headwater/probe.yml"
 RECORDINGS_SHELF = "docs/probe-runs"

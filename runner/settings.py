@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from runner.errors import UserError
+from runner.errors import UserError, format_validation_error
 
 DEFAULT_ALLOWED_TOOLS = ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash"]
 
@@ -162,5 +162,4 @@ def load_settings(**overrides: object) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        lines = [f"settings: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()]
-        raise UserError("\n".join(lines)) from None
+        raise UserError(format_validation_error("settings", e)) from None

@@ -24,9 +24,9 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream as k8s_stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from runner.errors import UserError
+from runner.retry import RetryPolicy
 from runner.settings import KubeSettings
 
 
@@ -74,18 +74,14 @@ class Kube:
         self._exec_core = client.CoreV1Api(exec_client or self._clone(self.api_client))
         self._exec_setup = threading.Lock()
         self.attempts = 0  # API attempts made, retries included (the bench reads it)
+        self.retry = RetryPolicy(is_transient, settings.api_attempts, settings.api_backoff_seconds)
 
     @staticmethod
     def _clone(api: client.ApiClient) -> client.ApiClient:
         return client.ApiClient(api.configuration)
 
     def call(self, fn, *args, **kwargs):
-        for attempt in Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.settings.api_attempts),
-            wait=wait_exponential(multiplier=self.settings.api_backoff_seconds, max=10),
-            reraise=True,
-        ):
+        for attempt in self.retry.retrying():
             with attempt:
                 self.attempts += 1
                 return fn(*args, **kwargs)

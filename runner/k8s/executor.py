@@ -29,7 +29,7 @@ from runner import digest
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
-from runner.k8s.api import ExecError, Kube, is_transient
+from runner.k8s.api import ExecError, Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.manifests import WORKSPACE
 from runner.k8s.podcache import PodCache
@@ -40,7 +40,6 @@ from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
 from runner.store import Store
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +69,6 @@ class KubernetesExecutor:
         k = self.settings.kube
         self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
-        self._retry = dict(retry=retry_if_exception(is_transient), stop=stop_after_attempt(k.api_attempts),
-                           wait=wait_exponential(multiplier=k.api_backoff_seconds, max=10), reraise=True)
 
     # ---- campaign hooks --------------------------------------------------------------------
 
@@ -214,7 +211,7 @@ class KubernetesExecutor:
 
     def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True):
         k = self.settings.kube
-        for attempt in Retrying(**self._retry):
+        for attempt in self.kube.retry.retrying():  # the API's policy: an exec is an API call
             with attempt:
                 res = self.kube.exec(pod, "reader", argv, stdin=stdin, timeout=k.transfer_timeout_seconds)
         if check and res.code != 0:
@@ -299,7 +296,7 @@ def _harness_end(pod: dict | None):
 def _session_of(pod: dict) -> tuple[str, str, int] | None:
     ann = pod["metadata"].get("annotations") or {}
     try:
-        return ann[manifests.ANNOTATION_PROBE], ann[manifests.ANNOTATION_SESSION], int(ann[manifests.ANNOTATION_ATTEMPT])
+        return ann[names.PROBE], ann[names.SESSION], int(ann[names.ATTEMPT])
     except (KeyError, ValueError):
         return None
 

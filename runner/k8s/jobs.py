@@ -33,7 +33,7 @@ import json
 
 from pydantic import ValidationError
 
-from runner.errors import UserError
+from runner.errors import UserError, format_validation_error
 from runner.k8s import names
 from runner.k8s.manifests import container_security
 from runner.settings import Settings
@@ -42,7 +42,6 @@ TRANSFORM_COMPONENT = "transform"
 BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
 FINAL_EXIT_CODES = [2, 12]
-ANNOTATION_CAMPAIGN = f"{names.GROUP}/campaign"
 SCRATCH = "/tmp"
 
 
@@ -74,8 +73,7 @@ def install_settings(config_map: dict[str, str], local: Settings, where: str = "
     try:
         return Settings(**merged)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
-        raise UserError(f"{where}: {problems}") from None
+        raise UserError(format_validation_error(where, e)) from None
 
 
 def job_name(campaign: str, action: str = "controller") -> str:
@@ -142,7 +140,7 @@ def _runner_job(settings: Settings, campaign: str, action: str, component: str, 
             "name": job_name(campaign, action),
             "namespace": k.namespace,
             "labels": labels,
-            "annotations": {ANNOTATION_CAMPAIGN: campaign},
+            "annotations": {names.CAMPAIGN: campaign},
         },
         "spec": {
             "backoffLimit": BACKOFF_LIMIT,
@@ -152,7 +150,7 @@ def _runner_job(settings: Settings, campaign: str, action: str, component: str, 
                                                       "values": FINAL_EXIT_CODES}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]},
-            "template": {"metadata": {"labels": labels, "annotations": {ANNOTATION_CAMPAIGN: campaign}},
+            "template": {"metadata": {"labels": labels, "annotations": {names.CAMPAIGN: campaign}},
                          "spec": pod_spec},
         },
     }

@@ -37,12 +37,6 @@ POD_MODULE = ["python3", "-m", "runner.k8s.pod"]
 
 READER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
 
-# Annotations carry the exact values; labels (sanitised) only select.
-ANNOTATION_CAMPAIGN = f"{names.GROUP}/campaign"
-ANNOTATION_PROBE = f"{names.GROUP}/probe"
-ANNOTATION_SESSION = f"{names.GROUP}/session"
-ANNOTATION_ATTEMPT = f"{names.GROUP}/attempt"
-
 
 def pod_name(campaign: str, probe: str, session: str, attempt: int) -> str:
     return names.object_name(campaign, probe, session, attempt)
@@ -214,10 +208,10 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
             "namespace": k.namespace,
             "labels": labels,
             "annotations": {
-                ANNOTATION_CAMPAIGN: plan.campaign,
-                ANNOTATION_PROBE: probe,
-                ANNOTATION_SESSION: session,
-                ANNOTATION_ATTEMPT: str(attempt),
+                names.CAMPAIGN: plan.campaign,
+                names.PROBE: probe,
+                names.SESSION: session,
+                names.ATTEMPT: str(attempt),
             },
         },
         "spec": spec,
@@ -225,7 +219,6 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
 
 
 CANARY_PROBE = "canary"  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
-ANNOTATION_CANARY = f"{names.GROUP}/canary"
 
 
 def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, proxy_url: str) -> dict:
@@ -270,7 +263,7 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, p
             "name": names.object_name(campaign, CANARY_PROBE, check),
             "namespace": k.namespace,
             "labels": names.session_labels(k.instance, campaign, CANARY_PROBE, f"check-{check}", 1),
-            "annotations": {ANNOTATION_CAMPAIGN: campaign, ANNOTATION_CANARY: str(check)},
+            "annotations": {names.CAMPAIGN: campaign, names.CANARY: str(check)},
         },
         "spec": spec,
     }

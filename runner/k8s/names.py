@@ -23,10 +23,13 @@ INSTANCE = "app.kubernetes.io/instance"
 COMPONENT = "app.kubernetes.io/component"
 PART_OF = "app.kubernetes.io/part-of"
 MANAGED_BY = "app.kubernetes.io/managed-by"
+# Our keys, each used twice on an object: as a label holding label_value(x), which selects,
+# and as an annotation holding x exactly, which is read back.
 CAMPAIGN = f"{GROUP}/campaign"
 PROBE = f"{GROUP}/probe"
 SESSION = f"{GROUP}/session"
 ATTEMPT = f"{GROUP}/attempt"
+CANARY = f"{GROUP}/canary"  # annotation only: the number of the confinement check a canary pod runs
 
 SESSION_COMPONENT = "session"
 PROXY_COMPONENT = "egress-proxy"

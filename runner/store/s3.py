@@ -23,9 +23,9 @@ from urllib.parse import urlparse
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from runner.errors import UserError
+from runner.retry import RetryPolicy
 from runner.store.base import AlreadyExists, NotFound, Store, StoreError, StreamWriter
 
 _THROTTLING = {"Throttling", "ThrottlingException", "SlowDown", "RequestLimitExceeded", "TooManyRequests",
@@ -49,6 +49,7 @@ class S3Store(Store):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.settings = s3_settings
+        self.retry = RetryPolicy(is_transient, s3_settings.attempts, s3_settings.backoff_seconds)
         self.spool_dir = spool_dir or Path(tempfile.gettempdir()) / "probe-runner" / ".s3-spool"
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.client = client or boto3.client(
@@ -78,12 +79,8 @@ class S3Store(Store):
 
     def call(self, op: str, key: str | None = None, **kwargs):
         """One S3 call under the retry policy; client errors raise StoreError naming bucket and key."""
-        s = self.settings
-        retrying = Retrying(stop=stop_after_attempt(s.attempts), reraise=True,
-                            wait=wait_exponential(multiplier=s.backoff_seconds, max=10),
-                            retry=retry_if_exception(is_transient))
         try:
-            return retrying(getattr(self.client, op), **kwargs)
+            return self.retry.retrying()(getattr(self.client, op), **kwargs)
         except ClientError as e:
             where = f"s3://{self.bucket}/{kwargs.get('Key', key or '')}"
             if _code(e) in ("NoSuchKey", "404", "NotFound"):

@@ -1,0 +1,56 @@
+"""runner/retry.py: the one retry policy every remote call uses (Kubernetes API, exec, S3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.retry import RetryPolicy
+
+
+class Transient(Exception):
+    pass
+
+
+class Permanent(Exception):
+    pass
+
+
+def _calls(policy: RetryPolicy, errors: list[Exception]) -> tuple[int, object]:
+    seen = []
+
+    def op():
+        seen.append(1)
+        if errors:
+            raise errors.pop(0)
+        return "ok"
+
+    try:
+        result = policy.retrying()(op)
+    except Exception as e:  # the last error, raised as itself
+        result = e
+    return len(seen), result
+
+
+POLICY = RetryPolicy(lambda e: isinstance(e, Transient), attempts=4, backoff_seconds=0)
+
+
+def test_transient_errors_are_retried_until_an_attempt_succeeds():
+    assert _calls(POLICY, [Transient(), Transient()]) == (3, "ok")
+
+
+def test_attempts_count_the_first_try_and_the_last_error_is_raised_as_itself():
+    last = Transient("fourth")
+    n, result = _calls(POLICY, [Transient(), Transient(), Transient(), last, Transient()])
+    assert n == 4 and result is last
+
+
+def test_a_permanent_error_fails_at_once():
+    first = Permanent("403")
+    assert _calls(POLICY, [first, Transient()]) == (1, first)
+
+
+@pytest.mark.parametrize("backoff, attempt, expected", [(0.5, 1, 0.5), (0.5, 3, 2.0), (0.5, 10, 10)])
+def test_waits_grow_exponentially_up_to_ten_seconds(backoff, attempt, expected):
+    class State:
+        attempt_number = attempt
+    assert RetryPolicy(bool, 3, backoff).retrying().wait(State()) == expected
