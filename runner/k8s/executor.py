@@ -22,7 +22,7 @@ import os
 import tarfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from runner import digest
@@ -61,7 +61,6 @@ class KubernetesExecutor:
     confinement: str = CONFINEMENT_PROSE
     harness_version: str | None = None
     cache: PodCache | None = None
-    problems: list[str] = field(default_factory=list)
     proxy_url: str | None = None  # HTTPS_PROXY of session pods, by address (set by preflight)
     monitor: ConfinementMonitor | None = None  # the canary checks (started by prepare)
 
@@ -93,7 +92,7 @@ class KubernetesExecutor:
         (probe, session, attempt) of live pods, which ``run`` adopts."""
         k = self.settings.kube
         sel = names.selector_string(names.selector(k.instance, names.SESSION_COMPONENT, plan.campaign))
-        self.cache = PodCache(self.kube, sel, on_error=self.problems.append)
+        self.cache = PodCache(self.kube, sel)
         self.cache.start()
         live = set()
         for name in self.cache.names():
@@ -255,7 +254,7 @@ class KubernetesExecutor:
             got = self._fetch(pod, spool, 0, None)
         except Exception as e:  # the pod is gone or going: keep what arrived
             got = spool.stat().st_size if spool.exists() else 0
-            self.problems.append(f"{pod}: salvage stopped: {e}")
+            log.warning("%s: salvage of the stream stopped after %d bytes: %s", pod, got, e)
         if not got:
             return {"stream": None}
         kept = _upload(spool, store, keys.partial_stream)

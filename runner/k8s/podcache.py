@@ -5,23 +5,45 @@ The watch resumes from the last resourceVersion it saw; a 410 Gone (the version 
 compacted away) or any other end re-lists and starts a new watch, so no transition is missed
 for good. Waiters block on a condition until a pod's state satisfies them, and a pod that
 vanishes from a re-list counts as deleted.
+
+The watch runs in a background thread, which never swallows an error: a refusal (401, 403:
+missing RBAC, an expired token) ends it with the API server's reason, which start() and every
+waiter raise; any other failure is logged and retried after a pause that doubles up to
+MAX_PAUSE_SECONDS, and returns to the first once a list succeeds.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from typing import Callable
 
 from kubernetes.client.exceptions import ApiException
 
+from runner.errors import UserError
 from runner.k8s.api import Kube
 
+log = logging.getLogger(__name__)
+
 Pod = dict
+FIRST_PAUSE_SECONDS = 1.0
+MAX_PAUSE_SECONDS = 30.0
+REFUSED = (401, 403)
+
+
+def _reason(e: ApiException) -> str:
+    """``403 Forbidden: <the API server's message>``."""
+    try:
+        message = json.loads(e.body or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        message = ""
+    return f"{e.status} {e.reason}" + (f": {message}" if message else "")
 
 
 class PodCache:
-    def __init__(self, kube: Kube, label_selector: str, on_error: Callable[[str], None] | None = None):
+    def __init__(self, kube: Kube, label_selector: str):
         self.kube = kube
         self.selector = label_selector
         self.pods: dict[str, Pod] = {}
@@ -30,13 +52,19 @@ class PodCache:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._synced = threading.Event()
-        self._on_error = on_error or (lambda msg: None)
+        self.refused: str | None = None  # why the API server refused the watch; it then ends
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
         if not self._synced.wait(timeout=120):
-            raise RuntimeError("the pod watch did not complete its first list within 120 s")
+            self._raise_if_refused()
+            raise RuntimeError("the pod watch did not complete its first list within 120 s (its failures are logged)")
+        self._raise_if_refused()
+
+    def _raise_if_refused(self) -> None:
+        if self.refused is not None:
+            raise UserError(f"the pod watch was refused: {self.refused} (the controller's RBAC or credentials)")
 
     def stop(self) -> None:
         self._stop.set()
@@ -54,10 +82,12 @@ class PodCache:
 
     def _run(self) -> None:
         rv = None
+        pause = FIRST_PAUSE_SECONDS
         while not self._stop.is_set():
             try:
                 if rv is None:
                     rv = self._relist()
+                    pause = FIRST_PAUSE_SECONDS
                 for event in self.kube.watch_pods(self.selector, rv):
                     obj = event["object"]
                     rv = obj.get("metadata", {}).get("resourceVersion", rv)
@@ -66,17 +96,27 @@ class PodCache:
                     self._apply(event["type"], obj)
                     if self._stop.is_set():
                         return
+                continue  # the watch ended (its timeout): resume from rv
             except ApiException as e:
                 if e.status == 410:
                     rv = None  # too old: list again
                     continue
-                self._on_error(f"pod watch: {e.status} {e.reason}")
-                rv = None
-                time.sleep(1)
-            except Exception as e:  # connection dropped, timeouts: re-list, never give up
-                self._on_error(f"pod watch: {type(e).__name__}: {e}")
-                rv = None
-                time.sleep(1)
+                if e.status in REFUSED:
+                    self._refuse(_reason(e))
+                    return
+                log.warning("pod watch: %s; listing again in %g s", _reason(e), pause)
+            except Exception as e:  # connection dropped, timeouts: list again, never give up
+                log.warning("pod watch: %s: %s; listing again in %g s", type(e).__name__, e, pause)
+            rv = None
+            self._stop.wait(pause)
+            pause = min(pause * 2, MAX_PAUSE_SECONDS)
+
+    def _refuse(self, reason: str) -> None:
+        log.error("pod watch refused: %s; the watch ends", reason)
+        with self._cond:
+            self.refused = reason
+            self._cond.notify_all()
+        self._synced.set()  # start() returns, and raises
 
     def _apply(self, kind: str, pod: Pod) -> None:
         name = pod["metadata"]["name"]
@@ -101,10 +141,11 @@ class PodCache:
 
     def wait(self, name: str, until: Callable[[Pod | None], object], timeout: float) -> object:
         """Block until ``until(pod or None)`` is truthy (None: the pod is gone); return its value,
-        or None on timeout."""
+        or None on timeout. Raises UserError once the watch is refused: the cache is then stale."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
+                self._raise_if_refused()
                 value = until(self.pods.get(name))
                 if value:
                     return value

@@ -1,0 +1,87 @@
+"""The pod watch (runner/k8s/podcache.py) is a background thread: it must never swallow an
+error (issue 13). A refusal (401/403: missing RBAC, an expired token) ends it at once with the
+API server's reason, and start() says so instead of failing 120 s later with a generic error;
+other failures are logged and retried with a growing pause, not every second forever."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from runner.errors import UserError
+from runner.k8s import podcache
+from runner.k8s.podcache import PodCache
+
+
+def _api_error(status: int, reason: str, message: str) -> ApiException:
+    e = ApiException(status=status, reason=reason)
+    e.body = json.dumps({"kind": "Status", "message": message})
+    return e
+
+
+class FakeKube:
+    """list_pods fails with the given errors in turn, then lists nothing; the watch idles."""
+
+    def __init__(self, errors):
+        self.errors = list(errors)
+        self.lists = 0
+        self.stopped = threading.Event()
+
+    def list_pods(self, selector):
+        self.lists += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return [], "1"
+
+    def watch_pods(self, selector, rv):
+        while not self.stopped.wait(0.05):
+            yield from ()
+        raise ConnectionResetError("the watch connection dropped")
+
+
+FORBIDDEN = ('pods is forbidden: User "system:serviceaccount:probes:controller" cannot list resource "pods" '
+             'in API group "" in the namespace "probes"')
+
+
+def test_a_refused_watch_fails_start_at_once_with_the_reason(monkeypatch, caplog):
+    monkeypatch.setattr(podcache, "FIRST_PAUSE_SECONDS", 0.01)
+    cache = PodCache(FakeKube([_api_error(403, "Forbidden", FORBIDDEN)]), "app=x")
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"the pod watch was refused: 403 Forbidden: pods is forbidden: .*cannot list"):
+        cache.start()
+    assert time.monotonic() - t0 < 5
+    assert cache.kube.lists == 1  # a refusal is not retried
+    assert any("403 Forbidden" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+
+
+def test_a_waiter_is_told_when_the_watch_is_refused_later(monkeypatch):
+    monkeypatch.setattr(podcache, "FIRST_PAUSE_SECONDS", 0.01)
+    kube = FakeKube([])
+    cache = PodCache(kube, "app=x")
+    cache.start()
+    kube.errors.append(_api_error(401, "Unauthorized", "Unauthorized"))
+    kube.stopped.set()  # the watch's connection drops; the re-list is refused
+    with pytest.raises(UserError, match="401 Unauthorized"):
+        cache.wait("pod-a", lambda pod: pod is not None, timeout=30)
+
+
+def test_other_failures_are_logged_and_retried_with_a_growing_pause(monkeypatch, caplog):
+    pauses = []
+    monkeypatch.setattr(podcache, "FIRST_PAUSE_SECONDS", 0.01)
+    real_wait = threading.Event.wait
+
+    cache = PodCache(FakeKube([_api_error(500, "Internal Server Error", "etcd timeout"), ConnectionResetError("reset"),
+                               _api_error(503, "Service Unavailable", "")]), "app=x")
+    monkeypatch.setattr(cache._stop, "wait", lambda t=None: (pauses.append(t), real_wait(cache._stop, t))[1])
+    caplog.set_level(logging.WARNING, logger="runner.k8s.podcache")
+    cache.start()
+    assert cache.kube.lists == 4
+    assert pauses[:3] == [0.01, 0.02, 0.04]
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 3 and "500 Internal Server Error: etcd timeout" in logged[0] and "ConnectionResetError" in logged[1]
+    cache.stop()
