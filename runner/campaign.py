@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import shutil
 import sys
 import tarfile
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 
-from runner import digest, hooks, layout, stream
+from runner import digest, hooks, layout, logs, stream
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
@@ -25,6 +26,8 @@ from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.throttle import Backoff, Halted, Signals, observe, refused_key
 from runner.transform import corpus_identifiers, shown_paths, written_paths
+
+log = logging.getLogger(__name__)
 
 
 def store_plan(store: Store, plan: Plan) -> None:
@@ -286,75 +289,80 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
     says about provider throttling is noted into ``signals``."""
-    decl = declaration(plan, spec, corpus_digest)
-    current = ledger.state(spec.key)
-    if attempt > 1 and current.declaration is not None and current.declaration != decl:
-        raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
-    if not adopt:
-        hooks.stage("before-intent")
-        ledger.intent(spec.key, attempt, decl)
-        hooks.stage("after-intent")
-    keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt)
-    scratch = workdir / plan.campaign / spec.probe / f"{spec.name}.{attempt}"
-    if scratch.exists():
-        shutil.rmtree(scratch)
-    try:
-        probe = plan.probe(spec.probe)
+    with logs.session_context(plan.campaign, spec.probe, spec.name, attempt):
+        decl = declaration(plan, spec, corpus_digest)
+        current = ledger.state(spec.key)
+        if attempt > 1 and current.declaration is not None and current.declaration != decl:
+            raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
+        if not adopt:
+            hooks.stage("before-intent")
+            ledger.intent(spec.key, attempt, decl)
+            hooks.stage("after-intent")
+        keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt)
+        scratch = workdir / plan.campaign / spec.probe / f"{spec.name}.{attempt}"
+        if scratch.exists():
+            shutil.rmtree(scratch)
         try:
-            sealed = seal(corpus, plan, probe, spec.arm, scratch / "workspace")
-        except SealError as e:
-            ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
-            return "refused (workspace could not be sealed)", None
-        store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
+            probe = plan.probe(spec.probe)
+            try:
+                sealed = seal(corpus, plan, probe, spec.arm, scratch / "workspace")
+            except SealError as e:
+                ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
+                return "refused (workspace could not be sealed)", None
+            store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
 
-        parsed_once: list[stream.ParsedStream] = []
+            parsed_once: list[stream.ParsedStream] = []
 
-        def parsed_stream() -> stream.ParsedStream:
-            """The stored stream, parsed once: the executor asks for its write paths before it
-            collects the artifacts, and the outcome needs its cost and throttling after."""
-            if not parsed_once:
-                parsed_once.append(stream.parse(observe(store.iter_lines(keys.stream), signals or Signals())))
-            return parsed_once[0]
+            def parsed_stream() -> stream.ParsedStream:
+                """The stored stream, parsed once: the executor asks for its write paths before it
+                collects the artifacts, and the outcome needs its cost and throttling after."""
+                if not parsed_once:
+                    parsed_once.append(stream.parse(observe(store.iter_lines(keys.stream), signals or Signals())))
+                return parsed_once[0]
 
-        def also(k: layout.SessionKeys, workspace: str) -> set[str]:
-            assert k == keys, "an executor collects the artifacts of the session it runs"
-            return named_write_paths(parsed_stream(), workspace) | shown_paths(produced, workspace)
+            def also(k: layout.SessionKeys, workspace: str) -> set[str]:
+                assert k == keys, "an executor collects the artifacts of the session it runs"
+                return named_write_paths(parsed_stream(), workspace) | shown_paths(produced, workspace)
 
-        def started() -> None:
-            ledger.start(spec.key, attempt)
+            def started() -> None:
+                ledger.start(spec.key, attempt)
 
-        try:
-            record = executor.run(plan, probe, sealed, scratch, store, keys, also, started)
-        except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
-            return f"not started ({e})", None
-        except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
-            ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
+            try:
+                record = executor.run(plan, probe, sealed, scratch, store, keys, also, started)
+            except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
+                return f"not started ({e})", None
+            except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
+                log.warning("refused: %s", e)
+                ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
+                _finish(executor, keys)
+                return f"refused ({e})", None
+            except SessionInterrupted as e:
+                log.warning("interrupted: %s", e)
+                ledger.outcome(spec.key, attempt, "interrupted", e.detail)
+                _finish(executor, keys)
+                return f"interrupted ({e})", None
+            except Exception as e:  # the harness may have spent: record what is known, never retry by itself
+                log.error("the executor failed: %s: %s", type(e).__name__, e, exc_info=True)
+                if ledger.state(spec.key).status == "intended":  # it failed before the harness could start
+                    return f"not started ({type(e).__name__}: {e})", None
+                ledger.outcome(spec.key, attempt, "failed", {"reason": f"{type(e).__name__}: {e}"})
+                _finish(executor, keys)
+                return f"failed ({type(e).__name__}: {e})", None
+            record["driver_produced"] = list(produced)
+            store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
+            parsed = parsed_stream()
+            refused = signals.refused if signals is not None else None
+            status = "failed" if record["timed_out"] or refused is not None else "succeeded"
+            detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
+            if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
+                detail["reason"] = refused_key(refused)
+            hooks.stage("before-outcome")
+            ledger.outcome(spec.key, attempt, status, detail)
+            log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
             _finish(executor, keys)
-            return f"refused ({e})", None
-        except SessionInterrupted as e:
-            ledger.outcome(spec.key, attempt, "interrupted", e.detail)
-            _finish(executor, keys)
-            return f"interrupted ({e})", None
-        except Exception as e:  # the harness may have spent: record what is known, never retry by itself
-            if ledger.state(spec.key).status == "intended":  # it failed before the harness could start
-                return f"not started ({type(e).__name__}: {e})", None
-            ledger.outcome(spec.key, attempt, "failed", {"reason": f"{type(e).__name__}: {e}"})
-            _finish(executor, keys)
-            return f"failed ({type(e).__name__}: {e})", None
-        record["driver_produced"] = list(produced)
-        store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
-        parsed = parsed_stream()
-        refused = signals.refused if signals is not None else None
-        status = "failed" if record["timed_out"] or refused is not None else "succeeded"
-        detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
-        if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
-            detail["reason"] = refused_key(refused)
-        hooks.stage("before-outcome")
-        ledger.outcome(spec.key, attempt, status, detail)
-        _finish(executor, keys)
-        return status, parsed.cost_usd
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            return status, parsed.cost_usd
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _finish(executor, keys: layout.SessionKeys) -> None:

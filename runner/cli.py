@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 
-from runner import __version__, layout
+from runner import __version__, layout, logs
 from runner.errors import EXIT_CONFINEMENT, EXIT_USAGE, UserError
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="probe-runner", description=__doc__.split("\n\n")[0].replace("``", ""),
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"probe-runner {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log more to stderr: -v info (each session's outcome), -vv debug "
+                             "(default: $RUNNER_LOG__LEVEL or warning; format: $RUNNER_LOG__FORMAT, human or json)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a campaign to the end (continues one already started)",
@@ -494,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = _settings(args)
+        level = {0: settings.log.level, 1: "info"}.get(args.verbose, "debug")
+        logs.configure(level, settings.log.format)
         return COMMANDS[args.command](args, settings)
     except UserError as e:
         print(f"probe-runner: {e}", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -140,6 +141,14 @@ class KubeSettings(BaseModel):
     controller_resources: ResourceSettings = Field(default_factory=ResourceSettings, description="Requests and limits of the controller Job's container (it seals workspaces and spools streams). Default: as the harness's.")
 
 
+class LogSettings(BaseModel):
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        "warning", description="Least severity of the diagnostics logged to stderr; -v on the command line is info, -vv debug. Default: warning.")
+    format: Literal["human", "json"] = Field(
+        "human", description="human: one line per record; json: one object per line with time, level, logger, message and, "
+                             "while a session runs, its campaign, probe, session and attempt (the in-cluster Jobs set json). Default: human.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNNER_", env_nested_delimiter="__", extra="ignore")
 
@@ -155,6 +164,7 @@ class Settings(BaseSettings):
     local: LocalSettings = Field(default_factory=LocalSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
     kube: KubeSettings = Field(default_factory=KubeSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -43,6 +43,7 @@ BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
 FINAL_EXIT_CODES = [2, 12]
 SCRATCH = "/tmp"
+JOB_LOG_ENV = [{"name": "RUNNER_LOG__FORMAT", "value": "json"}, {"name": "RUNNER_LOG__LEVEL", "value": "info"}]
 
 
 def controller_service_account(instance: str) -> str:
@@ -120,8 +121,9 @@ def _runner_job(settings: Settings, campaign: str, action: str, component: str, 
             "imagePullPolicy": k.image_pull_policy,
             "command": command,
             "envFrom": env_from,
-            # Scratch (sealed workspaces, the corpus, stream spools) on the one writable volume.
-            "env": [{"name": "TMPDIR", "value": SCRATCH}],
+            # Scratch (sealed workspaces, the corpus, stream spools) on the one writable volume;
+            # diagnostics as JSON lines naming each session, for the cluster's log collector.
+            "env": [{"name": "TMPDIR", "value": SCRATCH}, *JOB_LOG_ENV],
             "resources": {
                 "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
                 "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},
