@@ -228,9 +228,9 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
     its transform (in turn), and the CPU time of each is summed apart, so the floor and the
     transform meet the same disturbances of a shared machine, 4 MB at a time."""
     import orjson
+    from fuzz_targets import LOCK, identity
 
     from runner import intake, stream
-    from fuzz_targets import LOCK, identity
     from runner.transcript import rendered
     from runner.transform import SessionFacts, result_needed, transform
 

@@ -99,7 +99,7 @@ def main() -> int:
     values = [v for r in rounds for v in r]
     pure_texts = [transcript._pyyaml_dump(v) for v in values]
     assert [transcript._dump(v) for v in values] == pure_texts, "yamlfast wrote another text than PyYAML"
-    differ = sum(_c_dump(v) != t for v, t in zip(values, pure_texts))
+    differ = sum(_c_dump(v) != t for v, t in zip(values, pure_texts, strict=True))
     print(f"{len(values)} blocks ({args.rounds} rounds of {per_round} event blocks, all of them, identity), "
           f"{sum(len(t) for t in pure_texts)} characters; libyaml's text differs from the pure emitter's in "
           f"{differ} of {len(values)} blocks")

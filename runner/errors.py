@@ -40,7 +40,7 @@ class SessionInterrupted(Exception):
     """A session was cut off after its harness could have started; ``detail`` (journaled with
     the interrupted outcome) says what was kept of its stream."""
 
-    def __init__(self, reason: str, detail: dict):
+    def __init__(self, reason: str, detail: dict[str, object]):
         super().__init__(reason)
         self.detail = detail
 

@@ -14,12 +14,11 @@ A failure of 1, 2, 4 or 5 refuses the whole file; 3 drops single events.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from runner.digest import is_digest
-from runner.transcript import (CALL_KEYS, EVENT_KEYS, PRODUCED_KEYS, RUN_IDENTITY_KEYS, ParsedTranscript, Rendered,
-                               TranscriptError, parse, reread)
+from runner.transcript import CALL_KEYS, EVENT_KEYS, PRODUCED_KEYS, RUN_IDENTITY_KEYS, ParsedTranscript, Rendered, TranscriptError, parse, reread
 
 
 @dataclass
@@ -85,7 +84,8 @@ def confirm_parsed(t: ParsedTranscript, plan_lock: str, probe_ids: set[str]) -> 
         if not isinstance(event.get("probe"), str) or not event.get("probe") or not event.get("session"):
             result.dropped.append({"probe": event.get("probe"), "session": event.get("session"), "reason": "an event must name a probe and a session"})
         elif event["probe"] not in probe_ids:
-            result.dropped.append({"probe": event["probe"], "session": event["session"], "reason": "membership: the probe is not a classified probe of this corpus"})
+            result.dropped.append({"probe": event["probe"], "session": event["session"],
+                                   "reason": "membership: the probe is not a classified probe of this corpus"})
         else:
             result.events.append(event)
     return result

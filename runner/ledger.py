@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from runner import digest, layout
 from runner.errors import UserError
@@ -36,7 +36,7 @@ class LedgerError(UserError):
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def canonical(entry: dict) -> bytes:
@@ -131,7 +131,8 @@ class Ledger:
         ok = {
             "intent": (s.attempt == 0 and attempt == 1) or (attempt == s.attempt + 1 and s.outcome in RESUMABLE and not s.closed),
             "start": attempt == s.attempt and s.status == "intended",
-            "outcome": attempt == s.attempt and (s.status == "started" or (s.status == "intended" and entry.get("status") in ("refused", "failed", "cancelled"))),
+            "outcome": attempt == s.attempt and (s.status == "started" or (
+                s.status == "intended" and entry.get("status") in ("refused", "failed", "cancelled"))),
             "close": attempt == s.attempt and s.outcome == "interrupted" and not s.closed,
         }.get(kind, False)
         if not ok:

@@ -14,11 +14,12 @@ import contextvars
 import json
 import logging
 import sys
-from datetime import datetime, timezone
-from typing import Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import TextIO
 
 SESSION_FIELDS = ("campaign", "probe", "session", "attempt")
-_session: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("probe_runner_session", default={})
+_session: contextvars.ContextVar[dict[str, object] | None] = contextvars.ContextVar("probe_runner_session", default=None)
 
 
 @contextlib.contextmanager
@@ -33,7 +34,7 @@ def session_context(campaign: str, probe: str, session: str, attempt: int) -> It
 
 class _SessionFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        for k, v in _session.get().items():
+        for k, v in (_session.get() or {}).items():
             if not hasattr(record, k):
                 setattr(record, k, v)
         return True
@@ -42,7 +43,7 @@ class _SessionFilter(logging.Filter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()}
         out.update({k: getattr(record, k) for k in SESSION_FIELDS if hasattr(record, k)})
         if record.exc_info:
@@ -60,7 +61,7 @@ class HumanFormatter(logging.Formatter):
         return f"{line} [{' '.join(where)}]" if where else line
 
 
-def configure(level: str = "warning", fmt: str = "human", stream=None) -> None:
+def configure(level: str = "warning", fmt: str = "human", stream: TextIO | None = None) -> None:
     """Set the ``runner`` loggers' level and format (stderr by default); safe to call again."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else HumanFormatter())

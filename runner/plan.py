@@ -134,7 +134,7 @@ class Plan(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _probes_unique(self) -> "Plan":
+    def _probes_unique(self) -> Plan:
         for key in ("id", "path"):
             values = [getattr(p, key) for p in self.probes]
             dupes = sorted({x for x in values if values.count(x) > 1})
@@ -152,7 +152,7 @@ class Plan(_Strict):
                 return p
         raise KeyError(probe_id)
 
-    def sessions(self) -> list["SessionSpec"]:
+    def sessions(self) -> list[SessionSpec]:
         """Every session of the campaign, in a stable order (probe, arm, repetition)."""
         return [
             SessionSpec(probe=p.id, arm=arm.value, repetition=r)

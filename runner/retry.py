@@ -6,8 +6,8 @@ exceed MAX_WAIT_SECONDS."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 

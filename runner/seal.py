@@ -75,6 +75,7 @@ import os
 import posixpath
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from urllib.parse import unquote
@@ -137,7 +138,7 @@ class SealedWorkspace:
     folds_kept: list[str] = field(default_factory=list)
     mcp_servers: list[str] = field(default_factory=list)  # servers the workspace's .mcp.json declares
 
-    def record(self) -> dict:
+    def record(self) -> dict[str, object]:
         return {
             "arm": self.arm,
             "manifest": self.manifest,
@@ -147,7 +148,7 @@ class SealedWorkspace:
         }
 
 
-def _corpus_entries(corpus: Path, expand=lambda rel: False) -> tuple[list[tuple[str, str]], list[str]]:
+def _corpus_entries(corpus: Path, expand: Callable[[str], bool] = lambda rel: False) -> tuple[list[tuple[str, str]], list[str]]:
     """The corpus's regular files, each as (its path, its real path), and its links (to files
     and to directories), ``.git`` left out.
 
@@ -299,7 +300,7 @@ class _Tokens:
         """(start of the token that ``line[i - 1]`` is in, its first ``#``/``?`` before ``i`` or -1)."""
         if i > self.pos:
             last = None
-            for last in _BOUNDARY_RE.finditer(self.line, self.pos, i):
+            for last in _BOUNDARY_RE.finditer(self.line, self.pos, i):  # noqa: B007  (the last match is kept)
                 pass
             if last is not None:
                 self.begin, self.cut = last.end(), -1
@@ -342,7 +343,7 @@ class _Document:
     identifiers: re.Pattern[str] | None  # the same, as one pattern for a line
 
     @classmethod
-    def of(cls, path: str, named_alone: bool, identifiers: list[str]) -> "_Document":
+    def of(cls, path: str, named_alone: bool, identifiers: list[str]) -> _Document:
         pure = PurePosixPath(path)
         name, stem = pure.name, pure.stem if pure.suffix else pure.name
         alone = set()
@@ -434,7 +435,7 @@ class _Names:
         alts = [re.escape(a) for a in sorted(self.needles, key=len, reverse=True)] + [re.escape(x) for x in ids]
         self.finder = re.compile("|".join(alts), re.IGNORECASE) if alts else None
 
-    def lines(self, f: "_File") -> list[tuple[int, int]]:
+    def lines(self, f: _File) -> list[tuple[int, int]]:
         """The spans (start, end, the line feed included) of the lines of ``f`` that name one."""
         if self.finder is None:
             return []

@@ -25,9 +25,9 @@ differ between the two (see ``_needs_reference``); the outcome is ``json``'s in 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Callable, Iterable
 
 import orjson
 

@@ -14,8 +14,8 @@ its lines can close, and the reader takes fences, headings and lines as CommonMa
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import yaml
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import PurePosixPath
-from typing import Callable, Iterable
 
 from runner import digest
 from runner.answer import answer_of
 from runner.initcheck import InitContext, refusals
-from runner.stream import (ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded,
-                           ToolUse)
+from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse
 
 
 @dataclass

@@ -18,8 +18,8 @@ fails the comparison and goes to the pure loader, as does every text that is not
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 import yaml
 

@@ -6,7 +6,7 @@ the real Claude Code CLI and no account.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from runner.plan import parse_plan
@@ -24,7 +24,7 @@ def run_demo(settings: Settings, run) -> int:
     from runner.demo.provider import ScriptedProvider
 
     data = json.loads(PLAN.read_text())
-    data["campaign"] = "demo-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    data["campaign"] = "demo-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     plan = parse_plan(data, str(PLAN))
     with ScriptedProvider(json.loads(SCENARIOS.read_text())) as provider:
         demo_settings = settings.model_copy(update={

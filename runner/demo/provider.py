@@ -97,10 +97,11 @@ import threading
 import time
 import uuid
 import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 __all__ = [
     "ScenarioError",
@@ -638,7 +639,7 @@ class _TlsServer(ThreadingHTTPServer):
     """HTTPS with the handshake deferred to the handler thread (``wrap_socket`` on accept
     would run it in the one accepting thread)."""
 
-    tls: "ssl.SSLContext"
+    tls: ssl.SSLContext
 
     def get_request(self):  # type: ignore[no-untyped-def]
         sock, addr = super().get_request()
@@ -667,7 +668,7 @@ class ScriptedProvider:
         record_path: str | os.PathLike[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        tls: "ssl.SSLContext | None" = None,
+        tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
     ) -> None:
         self.scenarios = load_scenarios(scenarios)
@@ -702,7 +703,7 @@ class ScriptedProvider:
             return f"http://{host}:{port}"
         return f"https://{self._server_name or host}" + ("" if port == 443 else f":{port}")
 
-    def start(self) -> "ScriptedProvider":
+    def start(self) -> ScriptedProvider:
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._server.serve_forever,
@@ -720,7 +721,7 @@ class ScriptedProvider:
             self._thread = None
         self._server.server_close()
 
-    def __enter__(self) -> "ScriptedProvider":
+    def __enter__(self) -> ScriptedProvider:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -58,8 +58,8 @@ from pathlib import Path
 from runner import harness, hooks
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
-from runner.executors.elf import elf_loader
 from runner.executors.capture import collect_workspace, host_skill_names
+from runner.executors.elf import elf_loader
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.layout import SessionKeys
 from runner.ledger import now

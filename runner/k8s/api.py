@@ -16,8 +16,8 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import urllib3
 from kubernetes import client, config, watch

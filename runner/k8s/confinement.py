@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from runner.errors import ConfinementError
@@ -100,7 +100,7 @@ class ConfinementMonitor:
         """Run one check to its end (bounded by kube.canary_timeout_seconds)."""
         with self._lock:
             number = len(self.checks) + 1
-        at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         settled = None
         try:
             results, settled = self._run_canary(number)

@@ -32,8 +32,8 @@ from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.manifests import WORKSPACE
-from runner.k8s.podcache import PodCache
 from runner.k8s.pod import OPEN_NETWORK_EXIT, TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
+from runner.k8s.podcache import PodCache
 from runner.layout import SessionKeys
 from runner.ledger import now
 from runner.plan import Plan, Probe

@@ -37,7 +37,7 @@ import struct
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 SOCKET_NAME = "stdout.sock"
@@ -52,7 +52,7 @@ _CONNECT_WAIT_SECONDS = 3600.0
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -121,7 +121,7 @@ def _connect(path: Path, wait: float) -> socket.socket:
         except (FileNotFoundError, ConnectionRefusedError):
             s.close()
             if time.monotonic() > deadline:
-                raise SystemExit(f"probe harness: no capture socket at {path} after {wait:g} s")
+                raise SystemExit(f"probe harness: no capture socket at {path} after {wait:g} s") from None
             time.sleep(0.1)
 
 

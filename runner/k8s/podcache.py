@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from kubernetes.client.exceptions import ApiException
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 from runner import digest
 
@@ -49,7 +50,7 @@ class StreamWriter(ABC):
     def abort(self) -> None:
         """Give up; what was written stays recoverable where the backend can keep it."""
 
-    def __enter__(self) -> "StreamWriter":
+    def __enter__(self) -> StreamWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

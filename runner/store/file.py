@@ -34,7 +34,7 @@ class FileStore(Store):
         self.uri = root.as_uri()
 
     @classmethod
-    def from_uri(cls, uri: str) -> "FileStore":
+    def from_uri(cls, uri: str) -> FileStore:
         parsed = urlparse(uri)
         path = Path(unquote(parsed.path))
         if parsed.netloc not in ("", "localhost") or not path.is_absolute():

@@ -16,13 +16,15 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 from urllib.parse import urlparse
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from runner.errors import UserError
 from runner.retry import RetryPolicy
@@ -59,7 +61,7 @@ class S3Store(Store):
         )
 
     @classmethod
-    def from_uri(cls, uri: str, settings=None) -> "S3Store":
+    def from_uri(cls, uri: str, settings=None) -> S3Store:
         from runner.settings import S3Settings
 
         parsed = urlparse(uri)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -160,8 +160,8 @@ def cri_log_line(content: str, stream: str = "stdout", ts: datetime | None = Non
         raise ValueError(f"stream must be stdout or stderr, not {stream!r}")
     if "\n" in content:
         raise ValueError("one CRI log line holds no newline; split the content first")
-    ts = ts or datetime.now(timezone.utc)
-    stamp = ts.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    ts = ts or datetime.now(UTC)
+    stamp = ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return f"{stamp} {stream} {'P' if partial else 'F'} {content}\n"
 
 

@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kubernetes import client, watch
@@ -36,7 +36,7 @@ KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -80,7 +80,7 @@ class SimNode:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    def __enter__(self) -> "SimNode":
+    def __enter__(self) -> SimNode:
         self._thread.start()
         return self
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from runner import layout
 from runner.campaign import run_sessions
+from runner.demo.provider import ScriptedProvider
 from runner.k8s.api import Kube
 from runner.k8s.executor import KubernetesExecutor
 from runner.ledger import Ledger
 from runner.store import open_store
-from runner.demo.provider import ScriptedProvider
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "integration"))
@@ -27,8 +27,8 @@ from test_channel import MARKER, PROBE, REPORT_LINE, ROUTES, SCENARIOS, channel_
 from test_kubernetes_executor import _env, _settings, _uid, _wait_no_pods, claude_path, namespace, nodes, sim_root  # noqa: E402,F401
 
 
-def test_no_route_of_the_session_reaches_the_stream_in_a_pod(kube_cluster, nodes, namespace, sim_root, tmp_path,
-                                                             claude_path):
+def test_no_route_of_the_session_reaches_the_stream_in_a_pod(kube_cluster, nodes, namespace, sim_root, tmp_path,  # noqa: F811
+                                                             claude_path):  # noqa: F811  (fixtures, imported above)
     corpus = channel_corpus(tmp_path / "corpus")
     campaign = f"channel-{_uid()}"
     plan = channel_plan(campaign)

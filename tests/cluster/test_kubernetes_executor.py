@@ -23,6 +23,7 @@ from kubernetes import client
 
 from runner import demo
 from runner.campaign import run_sessions
+from runner.demo.provider import ScriptedProvider
 from runner.k8s import names
 from runner.k8s.api import Kube
 from runner.k8s.executor import START_ATTEMPTS, KubernetesExecutor
@@ -30,7 +31,6 @@ from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import load_settings
 from runner.store import open_store
-from runner.demo.provider import ScriptedProvider
 
 sys.path.insert(0, str(Path(__file__).parent))
 from simnode import SimNode  # noqa: E402
@@ -180,7 +180,7 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
     ledger = Ledger(st, data["campaign"])
     assert not ledger.verify()
     assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
-    for key, s in ledger.sessions().items():
+    for key in ledger.sessions():
         capture = json.loads(st.get(f"campaigns/{data['campaign']}/sessions/{key}/capture.json"))
         assert capture["executor"] == "kubernetes" and capture["network_confined"] is True
         assert capture["stream"]["sha256"] == capture["reader"]["sha256"]

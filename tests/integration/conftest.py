@@ -6,8 +6,9 @@ import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pytest
 

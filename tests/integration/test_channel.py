@@ -24,6 +24,7 @@ from pydantic import SecretStr
 
 from runner import layout
 from runner.campaign import run_sessions
+from runner.demo.provider import ScriptedProvider
 from runner.errors import ConfinementError
 from runner.executors import local
 from runner.executors.local import LocalExecutor
@@ -31,7 +32,6 @@ from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.demo.provider import ScriptedProvider
 
 ATTACK = Path(__file__).with_name("channel_attack.py")
 ROUTES = ["processes", "reopen-fd1", "any-fd", "pidfd-getfd", "ptrace", "vm-write", "proc-mem", "controls"]

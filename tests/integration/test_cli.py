@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 import os
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest

@@ -20,12 +20,12 @@ from pydantic import SecretStr
 
 from runner import digest, layout, stream
 from runner.campaign import run_sessions
+from runner.demo.provider import ScriptedProvider
 from runner.executors.local import LocalExecutor
 from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.demo.provider import ScriptedProvider
 from runner.transcript import parse as parse_transcript
 
 DEMO = Path(__file__).parents[2] / "runner" / "demo"
@@ -232,7 +232,7 @@ def test_prose_inputs_are_identified_by_digest_and_never_written(fidelity):
     assert not [p for p in PROSE if p in text]
     uses = _stream_uses(fidelity["store"], "fidelity", "HW-PRB-0003")
     args = {c["tool"]: c["argument"] for c in e["calls"]}
-    for (inp, _), call in zip(uses, e["calls"]):
+    for (inp, _), call in zip(uses, e["calls"], strict=False):
         if call["tool"] in ("TaskCreate", "SendMessage", "ExitPlanMode", "TodoWrite"):
             assert call["argument"] == digest.of_bytes(stream.canonical(inp))
     assert args["TaskUpdate"] == "1"

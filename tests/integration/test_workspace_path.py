@@ -14,20 +14,19 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
 
 from runner import layout
 from runner.campaign import run_sessions
+from runner.demo.provider import ScriptedProvider
 from runner.executors.local import LocalExecutor
 from runner.intake_job import run_job
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.demo.provider import ScriptedProvider
 from runner.transcript import parse as parse_transcript
 
 CAMPAIGN = "iwspath"

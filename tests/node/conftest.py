@@ -29,9 +29,10 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -66,7 +67,6 @@ def _load(name: str) -> Any:
 realnode = _load("realnode")
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 import test_channel as channel  # noqa: E402
-
 
 # ---- builds (during collection, outside any per-test timeout) -------------------------------
 

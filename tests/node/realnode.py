@@ -28,16 +28,16 @@ import ipaddress
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -75,7 +75,7 @@ class Pki:
         root.mkdir(parents=True, exist_ok=True)
         self.ca_key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "probe-runner-node-ca")])
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         self.ca_cert = (
             x509.CertificateBuilder().subject_name(name).issuer_name(name)
             .public_key(self.ca_key.public_key()).serial_number(x509.random_serial_number())
@@ -104,7 +104,7 @@ class Pki:
         key = self._ec.generate_private_key(self._ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
         attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         usage = [x509.ExtendedKeyUsageOID.SERVER_AUTH] if server else [x509.ExtendedKeyUsageOID.CLIENT_AUTH]
         builder = (
             x509.CertificateBuilder().subject_name(x509.Name(attrs)).issuer_name(self.ca_cert.subject)
@@ -162,7 +162,7 @@ def _remove_cgroup_tree(name: str) -> list[str]:
     deepest first. Returns what could not be removed."""
     left: list[str] = []
     freezer = CGROUP_ROOT / "freezer" / name
-    for attempt in range(50):
+    for _ in range(50):
         pids: set[int] = set()
         for h in _cgroup_hierarchies():
             top = h / name

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from test_channel import channel_plan_data  # noqa: E402  (tests/integration, on the path by conftest.py)
 
 from runner.errors import UserError
 from runner.k8s import names
@@ -27,7 +26,6 @@ from runner.k8s.api import Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.executor import KubernetesExecutor
 from runner.settings import Settings
-from test_channel import channel_plan_data  # noqa: E402  (tests/integration, on the path by conftest.py)
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -143,7 +141,7 @@ def test_a_session_pod_reaches_the_provider_through_the_proxy_and_nothing_else(i
 def test_the_proxy_pod_reaches_the_provider_port_and_nothing_else(install, targets):
     node = install.node
     pods = json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l",
-                                   f"app.kubernetes.io/component=egress-proxy", "-o", "json").stdout)["items"]
+                                   "app.kubernetes.io/component=egress-proxy", "-o", "json").stdout)["items"]
     proxy = pods[0]["metadata"]["name"]
 
     def connect(target: str) -> subprocess.CompletedProcess[str]:
@@ -273,9 +271,9 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     it; no transcript states it. DESIGN: a session is recorded only if confinement held for
     the whole of it."""
     from runner import layout
+    from runner.demo.provider import first_user_text
     from runner.ledger import Ledger
     from runner.store import open_store
-    from runner.demo.provider import first_user_text
 
     campaign = f"overlap-{os.urandom(3).hex()}"
     corpus = tmp_path / "corpus"

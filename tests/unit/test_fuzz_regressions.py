@@ -11,13 +11,13 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import fuzz_targets
 import pytest
 
 from runner import stream
 from runner.errors import UserError
 from runner.plan import load_plan
 from runner.seal import PROBE_CONFIG, load_probe_config
-import fuzz_targets
 
 FUZZ = Path(__file__).parents[1] / "data" / "fuzz"
 INPUTS = sorted(FUZZ.glob("*.bin"))

@@ -14,8 +14,9 @@ import re
 import time
 import tracemalloc
 
-from runner import digest, intake, stream
 import fuzz_targets
+
+from runner import digest, intake, stream
 from runner.transform import SessionFacts, transform
 
 INIT = {"type": "system", "subtype": "init", "cwd": "/workspace", "permissionMode": "dontAsk"}

@@ -100,7 +100,7 @@ def test_verify_empty_on_good_chain(store):
 
 
 def test_verify_detects_modified_entry(store):
-    lg = build(store)
+    build(store)
     k = keys(store)[1]
     path = store.root / k
     e = json.loads(path.read_bytes())
@@ -160,7 +160,10 @@ def test_two_ledgers_concurrently_do_not_overwrite(store):
 
     ta = threading.Thread(target=work, args=(a, "A"))
     tb = threading.Thread(target=work, args=(b, "B"))
-    ta.start(); tb.start(); ta.join(); tb.join()
+    ta.start()
+    tb.start()
+    ta.join()
+    tb.join()
     assert errors == []
     fresh = ledger(store)
     assert len(fresh.entries) == 2 * n

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from runner import intake_job, layout
 from runner.plan import load_plan
-from runner.store import open_store
 from runner.settings import Settings
+from runner.store import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 STREAM = REPO / "tests" / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"

@@ -12,11 +12,11 @@ import re
 import shlex
 from pathlib import PurePosixPath
 
+import fuzz_targets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner import answer, digest, intake, stream, transcript
-import fuzz_targets
 from runner.transform import SessionFacts, _Paths, _shell_words, result_needed, transform
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -119,7 +119,8 @@ def test_digests_and_arguments_are_what_json_reads(tool_input, content):
 
 @settings(max_examples=400, deadline=None)
 @given(st.recursive(scalars | st.sampled_from(["\ud800", "a\udfffb", "\u2028\x7f\x00\"\\", "é😀"]) | st.integers(),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3) | st.sampled_from(["é", "😀", "\ud800", "Z"]), inner, max_size=4),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=3) | st.sampled_from(["é", "😀", "\ud800", "Z"]), inner, max_size=4),
                     max_leaves=16))
 def test_canonical_form_is_the_standard_librarys_byte_for_byte(value):
     """The digest of a list result and the argument of an open tool input are made from this form."""

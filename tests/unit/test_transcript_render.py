@@ -21,7 +21,8 @@ AWKWARD = ["", " ", "a ", " a", "yes", "No", "null", "~", "true", "12", "0x1F", 
            "[x]", "{x}", "a\nb", "a\x85b", "\u2028", "é✓😀", "\t", "a\tb", "\x00", "\ufeff", "x" * 300,
            "docs/decisions/HW-DR-0052.md", "sha256:" + "a" * 64, "HW-DR-0052 current", "<synthetic>",
            "a:", "a:b", "a::b", ":a", "? a", "?a", "-a", "a #b", "a#b", "a\n", "\na", "a\n\n\nb", "a \nb", "a\n b",
-           "it's\nhere", "<<", "=", "1:20", ".inf", "-.5", "+1", "0o17", "~x", "\ud800x", "😀\t", "\x7f", "\xa0", "x\u2028y", "x\ry", "cat <<'EOF'\nline: 1\n  two\nEOF"]
+           "it's\nhere", "<<", "=", "1:20", ".inf", "-.5", "+1", "0o17", "~x", "\ud800x", "😀\t", "\x7f", "\xa0", "x\u2028y", "x\ry",
+           "cat <<'EOF'\nline: 1\n  two\nEOF"]
 # Characters PyYAML's emitter decides on: indicators, quotes, breaks, tabs, controls, non-ASCII.
 EMITTER_ALPHABET = "ab :-#?,[]{}'\"\n\t\\!&*|>%@`.~é😀\x00\x1b\x7f\xa0\ufeff"
 strings = (st.sampled_from(AWKWARD) | st.text(max_size=30) | st.text(alphabet="abc :-#'\"\n ", max_size=12)
