@@ -20,6 +20,7 @@ from pathlib import Path
 
 from runner import digest, hooks, layout, logs, stream
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
+from runner.executors.base import Executor
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
@@ -212,7 +213,7 @@ class RunReport:
     unconfined: str | None = None  # why session starts stopped (a failed confinement check), or None
 
 
-def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path, concurrency: int,
+def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
                  produced: list[str], progress_out=sys.stderr, resume: set[str] | None = None,
                  backoff: Backoff | None = None) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
@@ -227,7 +228,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
     executor.preflight()
     final = {(spec.probe, spec.name, st.attempt) for spec in plan.sessions()
              if (st := states.get(spec.key)) and st.status not in ("pending", "intended", "started")}
-    live = executor.prepare(plan, final) if hasattr(executor, "prepare") else set()
+    live = executor.prepare(plan, final)
     for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
@@ -247,7 +248,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
-        why = executor.halted() if hasattr(executor, "halted") else None
+        why = executor.halted()
         if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
             report.unconfined = why
             progress.session(spec, f"not started ({why})", None)
@@ -278,12 +279,12 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor, workdir: Path
         for f in [pool.submit(one, item) for item in todo]:
             f.result()
     report.halted = backoff.halted if backoff is not None else None
-    if report.unconfined is None and hasattr(executor, "halted"):
+    if report.unconfined is None:
         report.unconfined = executor.halted()
     return report
 
 
-def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, workdir: Path, spec: SessionSpec,
+def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
             attempt: int, corpus_digest: str, produced: list[str], adopt: bool = False,
             signals: Signals | None = None) -> tuple[str, Decimal | None]:
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
@@ -365,7 +366,6 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor, wo
             shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _finish(executor, keys: layout.SessionKeys) -> None:
+def _finish(executor: Executor, keys: layout.SessionKeys) -> None:
     """The outcome is journaled: let the executor release what the session held (its pod)."""
-    if hasattr(executor, "finish"):
-        executor.finish(keys)
+    executor.finish(keys)

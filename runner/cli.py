@@ -18,6 +18,7 @@ from pathlib import Path
 
 from runner import __version__, layout, logs
 from runner.errors import EXIT_CONFINEMENT, EXIT_USAGE, UserError
+from runner.executors.base import Executor
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
@@ -173,10 +174,10 @@ def _print_report(store, plan, report, out=sys.stdout) -> int:
     return EXIT_CONFINEMENT if report.refusals else 0
 
 
-def make_executor(name: str, settings: Settings):
+def make_executor(name: str, settings: Settings) -> Executor:
     if name == "kubernetes":
+        from runner.executors.kubernetes import KubernetesExecutor
         from runner.k8s.api import Kube
-        from runner.k8s.executor import KubernetesExecutor
 
         return KubernetesExecutor(settings, Kube(settings.kube))
     from runner.executors.local import LocalExecutor
@@ -203,8 +204,7 @@ def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> in
             report = run_sessions(plan, corpus, store, executor, settings.local.workdir, settings.concurrency,
                                   getattr(args, "produced", []), resume=resume, backoff=backoff)
         finally:
-            if hasattr(executor, "close"):
-                executor.close()
+            executor.close()
         for key in report.interrupted:
             print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)

@@ -50,7 +50,7 @@ import signal
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,7 @@ from pathlib import Path
 from runner import harness, hooks
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
+from runner.executors.base import CaptureRecord, Live
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
@@ -256,13 +257,27 @@ class LocalExecutor:
             raise ConfinementError(f"bubblewrap cannot confine a session here ({err[-1] if err else 'exit ' + str(done.returncode)}); none runs")
         self.harness_version = done.stdout.decode(errors="replace").strip()
 
+    def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
+        """Nothing outlives a local run: a session whose runner died died with it."""
+        return set()
+
+    def finish(self, keys: SessionKeys) -> None:
+        """Nothing is held after a session: its scratch directory is the campaign's to remove."""
+
+    def halted(self) -> str | None:
+        """bwrap's confinement is checked per session, before its harness runs (preflight too)."""
+        return None
+
+    def close(self) -> None:
+        """No background work."""
+
     def _bwrap_args(self, workspace: str, config_dir: str, log_dir: str, fds: tuple[int, int]) -> list[str]:
         """bwrap's argv for the host directories ``workspace``, ``config_dir`` and ``log_dir``."""
         assert self.bwrap and self.harness and self.loader, "preflight() first"
         return bwrap_args(self.bwrap, self.harness, workspace, config_dir, log_dir, root_siblings(), self.loader, *fds)
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect, started) -> dict:
+            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None]) -> CaptureRecord:
         """Run one session; returns its capture record (the stream is in the store)."""
         s = self.settings
         assert self.harness is not None, "preflight() first"

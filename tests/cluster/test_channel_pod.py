@@ -15,8 +15,8 @@ from pathlib import Path
 from runner import layout
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
+from runner.executors.kubernetes import KubernetesExecutor
 from runner.k8s.api import Kube
-from runner.k8s.executor import KubernetesExecutor
 from runner.ledger import Ledger
 from runner.store import open_store
 

@@ -24,9 +24,9 @@ from kubernetes import client
 from runner import demo
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
+from runner.executors.kubernetes import START_ATTEMPTS, KubernetesExecutor
 from runner.k8s import names
 from runner.k8s.api import Kube
-from runner.k8s.executor import START_ATTEMPTS, KubernetesExecutor
 from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import load_settings

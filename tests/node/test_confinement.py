@@ -21,10 +21,10 @@ import pytest
 from test_channel import channel_plan_data  # noqa: E402  (tests/integration, on the path by conftest.py)
 
 from runner.errors import UserError
+from runner.executors.kubernetes import KubernetesExecutor
 from runner.k8s import names
 from runner.k8s.api import Kube
 from runner.k8s.confinement import ConfinementMonitor
-from runner.k8s.executor import KubernetesExecutor
 from runner.settings import Settings
 
 pytestmark = pytest.mark.timeout(900)

@@ -10,7 +10,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from runner.k8s.executor import _extract_safely
+from runner.executors.kubernetes import _extract_safely
 
 
 def _tar(*members: tuple[str, str, str | bytes]) -> bytes:

@@ -1,4 +1,5 @@
-"""The Kubernetes executor: one pod per session attempt, driven from a watch cache.
+"""The Kubernetes executor (runner/executors/base.py's contract): one pod per session attempt,
+driven from a watch cache; it talks to the cluster only through runner/k8s/.
 
 For each session: create the pod (its name is deterministic, so a second create after a
 restart is a 409 and the live pod is adopted), wait on the cache until the reader runs,
@@ -22,11 +23,14 @@ import os
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from runner import digest
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
+from runner.executors.base import CaptureRecord, Live
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube
@@ -87,7 +91,7 @@ class KubernetesExecutor:
         service = proxy_service_name(self.settings)
         self.proxy_url = session_proxy_url(self.settings, self.kube.service_address(service)[0] if service else None)
 
-    def prepare(self, plan: Plan, final: set[tuple[str, str, int]]) -> set[tuple[str, str, int]]:
+    def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
         """Start the watch; delete leftover pods of attempts that are already final; return the
         (probe, session, attempt) of live pods, which ``run`` adopts."""
         k = self.settings.kube
@@ -123,7 +127,7 @@ class KubernetesExecutor:
     # ---- one session -----------------------------------------------------------------------
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect, started) -> dict:
+            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None]) -> CaptureRecord:
         assert self.cache is not None and self.proxy_url is not None, "preflight() and prepare() first"
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
                                          self.proxy_url)
@@ -198,12 +202,13 @@ class KubernetesExecutor:
             with self._create_slots:
                 self.kube.create_pod(manifest)
             self.cache.wait(name, lambda p: p is not None, timeout=60)
-            state = self.cache.wait(name, _startup, timeout=timeout)
-            if state == "running":
+            start = self.cache.wait(name, _startup, timeout=timeout)
+            if isinstance(start, Startup) and start.kind == "running":
                 return
-            why = state or (podstate.unschedulable(self.cache.get(name) or {}) or f"not running after {timeout:g} s")
-            if isinstance(why, str) and why.startswith("lost:"):
-                raise NotStarted(why[5:])
+            if isinstance(start, Startup) and start.kind == "gone":
+                raise NotStarted(start.why)
+            why = start.why if isinstance(start, Startup) else (
+                podstate.unschedulable(self.cache.get(name) or {}) or f"not running after {timeout:g} s")
             self._delete(name, grace=0)
             self.cache.wait(name, lambda p: p is None, timeout=120)
         raise NotStarted(f"pod {name} did not start: {why}")
@@ -275,12 +280,24 @@ class KubernetesExecutor:
             self.kube.delete_pod(name, grace)
 
 
-def _startup(pod: dict | None):
+@dataclass(frozen=True)
+class Startup:
+    """How a new pod's start ended: ``running`` (its reader runs), ``failed`` (it cannot start:
+    an image or configuration error; it is deleted and created again) or ``gone`` (deleted
+    before it started: the session is not started, nothing was spent)."""
+
+    kind: Literal["running", "failed", "gone"]
+    why: str = ""
+
+
+def _startup(pod: dict | None) -> Startup | None:
+    """A pod's start as far as it went, or None while it may still start."""
     if pod is None:
-        return "lost:the pod was deleted before it started"
+        return Startup("gone", "the pod was deleted before it started")
     if podstate.running(pod, "reader"):
-        return "running"
-    return podstate.never_started(pod)
+        return Startup("running")
+    why = podstate.never_started(pod)
+    return Startup("failed", why) if why else None
 
 
 def _harness_end(pod: dict | None):
