@@ -34,15 +34,10 @@ from runner.transform import transform  # noqa: E402
 
 
 class _CDumper(yaml.CSafeDumper):
-    """transcript._Dumper's representer (a string holding NEL is double-quoted) over libyaml's emitter."""
-
-    def represent_str(self, data: str) -> yaml.ScalarNode:
-        if "\x85" in data:
-            return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
-        return super().represent_str(data)
+    """transcript's string representation over libyaml's emitter."""
 
 
-_CDumper.add_representer(str, _CDumper.represent_str)
+_CDumper.add_representer(str, transcript.represent_str)
 
 
 def _c_dump(value: object) -> str:

@@ -37,20 +37,21 @@ class TranscriptError(ValueError):
     """The file is not a transcript this contract can read."""
 
 
+def represent_str(dumper: yaml.representer.SafeRepresenter, data: str) -> yaml.ScalarNode:
+    """PyYAML's safe representation of a string, except that one holding NEL (U+0085) is
+    double-quoted. The emitter takes NEL for a line break and writes it as one inside a
+    single-quoted scalar, which reads back as a space: the string a session gave would change on
+    its way into the transcript. Double quotes escape it as ``\\N``, which reads back as NEL."""
+    if "\x85" in data:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style='"')
+    return yaml.representer.SafeRepresenter.represent_str(dumper, data)
+
+
 class _Dumper(yaml.SafeDumper):
-    """PyYAML's safe dumper, except that a string holding NEL (U+0085) is double-quoted.
-
-    The emitter takes NEL for a line break and writes it as one inside a single-quoted scalar,
-    which reads back as a space: the string a session gave would change on its way into the
-    transcript. Double quotes escape it as ``\\N``, which reads back as NEL."""
-
-    def represent_str(self, data: str) -> yaml.ScalarNode:
-        if "\x85" in data:
-            return self.represent_scalar("tag:yaml.org,2002:str", data, style='"')
-        return super().represent_str(data)
+    """PyYAML's safe dumper with :func:`represent_str`."""
 
 
-_Dumper.add_representer(str, _Dumper.represent_str)
+_Dumper.add_representer(str, represent_str)
 
 
 def _pyyaml_dump(value: object) -> str:
