@@ -17,10 +17,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from runner.entrypoints.pod import deliver_argv
 from runner.executors.kubernetes import _workspace_tar
 from runner.k8s import manifests, podstate
 from runner.k8s.api import ExecError, Kube
-from runner.k8s.pod import deliver_argv
 from runner.k8s.policy import proxy_service_name, session_proxy_url
 from runner.plan import load_plan
 from runner.seal import seal

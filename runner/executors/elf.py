@@ -4,7 +4,7 @@ execve() leaves a process non-dumpable when the ELF loader it is started through
 readable by it, and a non-dumpable process's /proc/PID/fd and /proc/PID/mem are closed to a
 session that holds no capability. Both executors rely on that (runner/executors/local.py binds
 the loader execute-only into the sandbox; the harness image makes it execute-only and
-runner/k8s/pod.py checks it). Standard library only: the pod entry points import it.
+runner/entrypoints/pod.py checks it). Standard library only: the pod entry points import it.
 """
 
 from __future__ import annotations

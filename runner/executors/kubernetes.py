@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from runner import digest
+from runner.entrypoints.pod import OPEN_NETWORK_EXIT, TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import CaptureRecord, Live
 from runner.executors.capture import collect_workspace
@@ -36,7 +37,6 @@ from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.manifests import WORKSPACE
-from runner.k8s.pod import OPEN_NETWORK_EXIT, TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
 from runner.k8s.podcache import PodCache
 from runner.layout import SessionKeys
 from runner.ledger import now

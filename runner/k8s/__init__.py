@@ -1,4 +1,4 @@
-"""Everything Kubernetes-specific but the executor (runner/executors/kubernetes.py): pure
-builders of the objects (manifests, jobs, policy, egress, names), the one module that talks to
-the API server (api), the watch cache (podcache), the confinement check (canary, confinement),
-and the entry points that run inside a session pod (pod; canary's main)."""
+"""What the controller needs of Kubernetes, but the executor (runner/executors/kubernetes.py)
+and what runs inside the pods (runner/entrypoints/): pure builders of the objects (manifests,
+jobs, policy, egress, names, podstate), the one module that talks to the API server (api), the
+watch cache (podcache), and the confinement check's routes and monitor (canary, confinement)."""

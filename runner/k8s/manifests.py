@@ -33,7 +33,7 @@ CAPTURE_DIR = "/run/probe/capture"
 SECRET_DIR = "/run/probe/secret"
 PROVIDER_CA_DIR = "/run/probe/provider-ca"
 HARNESS_EXECUTABLE = "claude"
-POD_MODULE = ["python3", "-m", "runner.k8s.pod"]
+POD_MODULE = ["python3", "-m", "runner.entrypoints.pod"]
 
 READER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
 
@@ -240,7 +240,7 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, p
             "name": "canary",
             "image": k.harness_image,
             "imagePullPolicy": k.image_pull_policy,
-            "command": ["python3", "-m", "runner.k8s.canary"],
+            "command": ["python3", "-m", "runner.entrypoints.canary"],
             "args": args,
             "env": [*_env({"PATH": "/usr/local/bin:/usr/bin:/bin", "HTTPS_PROXY": proxy_url}),
                     {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],

@@ -5,7 +5,7 @@ KWOK schedules pods, reports their containers running and serves exec, but runs 
 code: for every session pod bound to a node it makes host directories for the pod's volumes,
 points KWOK's exec for the pod at them (so the controller's exec transfers run the real shell
 commands against real files through the real API server), runs the pod's ``reader`` command
-(``python3 -m runner.k8s.pod reader``) as a host process, and runs the ``harness`` container's
+(``python3 -m runner.entrypoints.pod reader``) as a host process, and runs the ``harness`` container's
 command under bubblewrap with the volumes bound at the pod's mount paths. When the harness
 process exits, it reports the container terminated in the pod's status, as a kubelet would.
 Deleting the pod kills both processes.
@@ -232,7 +232,7 @@ class SimNode:
             elif h.is_dir():
                 bwrap += ["--ro-bind", str(h), f"/{name}"]
         # As the harness image does: the ELF loader execute-only, so every process of the
-        # container is non-dumpable (runner.k8s.pod refuses to start the CLI otherwise).
+        # container is non-dumpable (runner.entrypoints.pod refuses to start the CLI otherwise).
         loader = elf_loader(shutil.which(self.harness[0]) or self.harness[0])
         loader_fd = os.open(loader, os.O_RDONLY)
         if self.loader_exec_only:

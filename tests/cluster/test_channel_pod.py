@@ -59,5 +59,5 @@ def test_no_route_of_the_session_reaches_the_stream_in_a_pod(kube_cluster, nodes
         assert "WROTE" not in r["outcome"] and "ATTACHED" not in r["outcome"], r
     # The reader (another uid, outside the container's PID namespace) is not among what the session saw.
     seen = " ".join(r["outcome"] for r in reports if r["route"] == "processes")
-    assert "runner.k8s.pod reader" not in seen, seen
+    assert "runner.entrypoints.pod reader" not in seen, seen
     _wait_no_pods(kube_cluster, namespace)

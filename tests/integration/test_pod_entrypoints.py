@@ -1,4 +1,4 @@
-"""The session pod's entry points (runner/k8s/pod.py) as real processes, without a cluster."""
+"""The session pod's entry points (runner/entrypoints/pod.py) as real processes, without a cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.k8s import pod
+from runner.entrypoints import pod
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 OBSERVED_READER = """
 import os, socket, sys
 from pathlib import Path
-from runner.k8s import pod
+from runner.entrypoints import pod
 
 class Observed(socket.socket):
     def bind(self, address):

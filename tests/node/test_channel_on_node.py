@@ -95,6 +95,6 @@ def test_the_session_sees_only_its_own_container(session):
     # The reader runs in the other container, under another uid: not in the session's PID
     # namespace. What the session sees is the entry point, the CLI and its own calls.
     visible = {r["pid"]: r["outcome"] for r in session["reports"] if r["route"] == "processes"}
-    assert not any("runner.k8s.pod reader" in cmd for cmd in visible.values()), visible
+    assert not any("runner.entrypoints.pod reader" in cmd for cmd in visible.values()), visible
     programs = {cmd.split()[0] for cmd in visible.values()}
     assert programs <= {"python3", "/opt/runner/bin/python3", "claude", "/bin/sh", "/bin/bash"}, visible

@@ -27,7 +27,7 @@ def _wait_done(node, ns: str, name: str, timeout: float = 180) -> dict:
 
 @pytest.mark.parametrize("image,uid,command,expect", [
     ("ghcr.io/probe-runner/harness:0.1.0", 10001,
-     ["sh", "-c", "claude --version && python3 -c 'import runner.k8s.pod; print(\"runner ok\")' && id -u"],
+     ["sh", "-c", "claude --version && python3 -c 'import runner.entrypoints.pod; print(\"runner ok\")' && id -u"],
      ["2.1.197 (Claude Code)", "runner ok", "10001"]),
     ("ghcr.io/probe-runner/runner:0.1.0", 10002, ["probe-runner", "--version"], ["probe-runner 0.1.0"]),
     ("ghcr.io/probe-runner/egress-proxy:0.1.0", 10003, ["sh", "-c", "squid -v | head -1; id -u"],

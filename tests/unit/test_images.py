@@ -112,12 +112,12 @@ def test_harness_image_has_the_pinned_cli_python3_and_the_runner_package():
     assert "--from=build /opt/runner /opt/runner" in final.all("COPY")
     build = stages[0]
     assert "runner /src/runner" in build.all("COPY") and any("pip install" in r and "/src" in r for r in build.all("RUN"))
-    # The pod runs `python3 -m runner.k8s.pod` with PATH /usr/local/bin:/usr/bin:/bin: the
+    # The pod runs `python3 -m runner.entrypoints.pod` with PATH /usr/local/bin:/usr/bin:/bin: the
     # wrapper the image puts first on that PATH must run the venv's interpreter.
     assert manifests.POD_MODULE[0] == "python3"
     assert any("/usr/local/bin/python3" in r and "exec /opt/runner/bin/python3" in r for r in final.all("RUN"))
     assert final.all("WORKDIR") == [manifests.WORKSPACE]
-    # Non-dumpable processes (runner/k8s/pod.py refuses a readable loader): the loader is made
+    # Non-dumpable processes (runner/entrypoints/pod.py refuses a readable loader): the loader is made
     # execute-only, after every step that runs as root and before the harness user.
     runs = final.all("RUN")
     assert "chmod 0111" in runs[-1] and "/lib64/ld-linux-x86-64.so.2" in runs[-1]

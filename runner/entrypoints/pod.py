@@ -1,4 +1,4 @@
-"""Entry points inside a session pod: ``reader`` and ``harness`` (``python3 -m runner.k8s.pod``).
+"""Entry points inside a session pod: ``reader`` and ``harness`` (``python3 -m runner.entrypoints.pod``).
 
 ``reader`` (its own container, its own uid) waits until the controller has delivered the
 workspace, then listens on a Unix socket in the volume it shares with the harness, accepts
@@ -141,8 +141,8 @@ def _dumpable_because(executable: str) -> str | None:
 
 
 def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path | None) -> int:
+    from runner.entrypoints.canary import wait_until_confined
     from runner.executors import seccomp
-    from runner.k8s.canary import wait_until_confined
 
     conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
     why = _dumpable_because(argv[0])
@@ -225,7 +225,7 @@ def main(args: list[str]) -> int:
         creds = env.get("PROBE_CREDENTIALS_FILE")
         return harness(args[2:], Path(env["PROBE_SOCKET_DIR"]), float(env.get("PROBE_TIMEOUT_SECONDS", "1800")),
                        Path(creds) if creds else None)
-    print("usage: python3 -m runner.k8s.pod reader | harness -- COMMAND...", file=sys.stderr)
+    print("usage: python3 -m runner.entrypoints.pod reader | harness -- COMMAND...", file=sys.stderr)
     return 2
 
 

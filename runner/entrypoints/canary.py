@@ -1,0 +1,207 @@
+"""The canary pod's entry point (``python3 -m runner.entrypoints.canary``): wait until the
+pod's policy is in force, try every route runner/k8s/canary.py built, report. The standard
+library only, as everything that runs in a pod; ``wait_until_confined`` also holds the
+session's harness back (runner/entrypoints/pod.py)."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+import socket
+import ssl
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route
+
+
+def _pod_facts() -> dict[str, str]:
+    dns = ""
+    try:
+        for line in Path("/etc/resolv.conf").read_text().splitlines():
+            if line.startswith("nameserver"):
+                dns = line.split()[1]
+                break
+    except OSError:
+        pass
+    api = f"{os.environ.get('KUBERNETES_SERVICE_HOST', '')}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
+    return {"dns": f"{dns}:53" if dns else "", "api": api if not api.startswith(":") else "",
+            "node": os.environ.get("HOST_IP", "")}
+
+
+def _split(target: str) -> tuple[str, int]:
+    host, _, port = target.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _closed_errno(e: OSError) -> str | None:
+    """The errors that mean no connection was made (a policy drop or reject, no route)."""
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "timed out"
+    names = {errno.EHOSTUNREACH: "host unreachable", errno.ENETUNREACH: "network unreachable",
+             errno.EACCES: "not permitted", errno.EPERM: "not permitted"}
+    return names.get(e.errno or 0)
+
+
+def _failed(e: OSError, refused: str) -> tuple[bool, str]:
+    """(opened, detail) of a try that raised: closed for a refusal (``refused`` names it as the
+    protocol shows it) or a closed errno; any other error is not proof of a closed route."""
+    if isinstance(e, ConnectionRefusedError):
+        return False, refused
+    why = _closed_errno(e)
+    return (False, why) if why else (True, f"error {e}")
+
+
+def _tcp(target: str) -> tuple[bool, str]:
+    try:
+        with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT):
+            return True, "connected"
+    except OSError as e:
+        return _failed(e, "refused")
+
+
+def _dns(target: str) -> tuple[bool, str]:
+    query = (b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00"
+             b"\x0akubernetes\x07default\x03svc\x07cluster\x05local\x00\x00\x01\x00\x01")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(CONNECT_TIMEOUT)
+        try:
+            s.connect(_split(target))
+            s.send(query)
+            s.recv(512)
+            return True, "answered"
+        except OSError as e:
+            return _failed(e, "port unreachable")
+
+
+def _proxy() -> tuple[str, int]:
+    p = urlsplit(os.environ.get("HTTPS_PROXY", ""))
+    return p.hostname or "", p.port or 3128
+
+
+def _connect_via_proxy(target: str) -> tuple[socket.socket | None, str]:
+    host, port = _proxy()
+    if not host:
+        return None, "no egress proxy configured"
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+    sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 8192:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    status = head.split(b"\r\n", 1)[0].decode(errors="replace")
+    if " 200" not in status[:13]:
+        sock.close()
+        return None, f"the proxy refused: {status or 'connection closed'}"
+    return sock, status
+
+
+def _proxy_tls(target: str, server_name: str, ca_file: str | None) -> tuple[bool, str]:
+    try:
+        sock, why = _connect_via_proxy(target)
+    except OSError as e:
+        return False, f"no tunnel: {_closed_errno(e) or e}"
+    if sock is None:
+        return False, why
+    ctx = ssl.create_default_context()
+    if ca_file and Path(ca_file).is_file():
+        ctx.load_verify_locations(ca_file)
+    try:
+        with ctx.wrap_socket(sock, server_hostname=server_name) as tls:
+            tls.sendall(f"HEAD / HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n".encode())
+            line = tls.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+            if line.startswith("HTTP/"):
+                return True, f"TLS to {server_name} verified, answered {line}"
+            return False, f"TLS to {server_name} verified, no HTTP answer"
+    except ssl.SSLError as e:
+        return False, f"TLS to {server_name} failed: {e.reason or e}"
+    except OSError as e:
+        return False, f"tunnel closed: {_closed_errno(e) or e}"
+    finally:
+        sock.close()
+
+
+def _proxy_http(url: str) -> tuple[bool, str]:
+    host, port = _proxy()
+    if not host:
+        return False, "no egress proxy configured"
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT) as s:
+            u = urlsplit(url)
+            s.sendall(f"GET {url} HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
+            line = s.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+    except OSError as e:
+        return False, f"no answer: {_closed_errno(e) or e}"
+    if " 403 " in line or " 407 " in line:
+        return False, f"the proxy refused: {line}"
+    return True, f"forwarded: {line or 'connection closed'}"
+
+
+def try_route(route: Route, facts: dict[str, str], ca_file: str | None) -> Result:
+    target = route.target.format(**facts)
+    if not target or target.startswith(":"):
+        return Result(route.name, route.target, route.must_open, False, "not tried: the pod has no such address")
+    started = time.monotonic()
+    if route.kind == "tcp":
+        opened, detail = _tcp(target)
+    elif route.kind == "dns":
+        opened, detail = _dns(target)
+    elif route.kind == "proxy-tls":
+        opened, detail = _proxy_tls(target, route.server_name or target, ca_file)
+    elif route.kind == "proxy-http":
+        opened, detail = _proxy_http(target)
+    else:
+        raise ValueError(f"unknown route kind {route.kind}")
+    # The report must fit a termination message (4096 bytes) with a dozen routes.
+    return Result(route.name, target, route.must_open, opened, f"{detail[:120]} ({time.monotonic() - started:.1f} s)")
+
+
+def wait_until_confined(limit: float, probe_timeout: float = 0.5) -> float | None:
+    """Seconds until the API server's ClusterIP (which always listens) stops accepting this
+    pod's connections, or None if it still does after ``limit`` seconds (or the pod has no
+    such address to try)."""
+    target = _pod_facts()["api"]
+    if not target:
+        return None
+    started = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection(_split(target), timeout=probe_timeout):
+                pass
+        except OSError:
+            return time.monotonic() - started
+        if time.monotonic() - started > limit:
+            return None
+        time.sleep(0.2)
+
+
+def main(argv: list[str]) -> int:
+    """``python3 -m runner.entrypoints.canary ROUTES_JSON_BASE64 [CA_FILE]``: wait until the pod's
+    policy is in force (at most SETTLE_SECONDS), try every route, write the report to the
+    termination log and stdout; exit 0 (the controller judges)."""
+    rs = [Route(**r) for r in json.loads(base64.b64decode(argv[0]))]
+    ca_file = argv[1] if len(argv) > 1 else None
+    settled = wait_until_confined(SETTLE_SECONDS)
+    facts = _pod_facts()
+    with ThreadPoolExecutor(max_workers=len(rs) or 1) as pool:
+        results = list(pool.map(lambda r: try_route(r, facts, ca_file), rs))
+    report = json.dumps({"settled_seconds": None if settled is None else round(settled, 2),
+                         "results": [asdict(r) for r in results]}, separators=(",", ":"))
+    try:
+        Path(TERMINATION_LOG).write_text(report)
+    except OSError:
+        pass
+    print(report, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
