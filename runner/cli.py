@@ -29,7 +29,6 @@ flags override them. Exit status: 0 all recorded; 1 sessions left interrupted or
 12 a session could not be confined or something was refused (see the refused section)."""
 
 
-FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")
 
 
 def _store_arg(p: argparse.ArgumentParser) -> None:
@@ -259,35 +258,6 @@ def cmd_transform(args, settings: Settings) -> int:
     return _print_report(store, plan, run_job(store, plan))
 
 
-def campaign_status(store, plan, costs: dict) -> dict:
-    """Sessions by state, the cost stated by the streams captured so far, and the refusals
-    (refusals.json once the transform wrote it, else the sessions refused so far). ``costs``
-    caches each stream's cost by key: a captured stream never changes."""
-    from decimal import Decimal
-
-    from runner import stream
-    from runner.ledger import Ledger
-
-    states = Ledger(store, plan.campaign).sessions()
-    counts: dict[str, int] = {}
-    for spec in plan.sessions():
-        st = states.get(spec.key)
-        counts[st.status if st else "pending"] = counts.get(st.status if st else "pending", 0) + 1
-    for st in states.values():
-        key = (st.detail.get("stream") or {}).get("key") if st.outcome else None
-        if key and key not in costs:
-            costs[key] = stream.parse(store.iter_lines(key)).cost_usd
-    cost = sum((c for c in costs.values() if c is not None), Decimal(0))
-    if store.exists(layout.refusals_key(plan.campaign)):
-        refusals = json.loads(store.get(layout.refusals_key(plan.campaign)))["refusals"]
-    else:
-        refusals = [{"scope": "session", "session": s.key, "reason": s.detail.get("reason", "")}
-                    for s in states.values() if s.status == "refused"]
-    total = sum(counts.values())
-    return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
-            "sessions": counts, "cost_usd": str(cost), "refusals": refusals}
-
-
 def _dollars(amount: object) -> str:
     """A cost for people to read, to the hundredth of a cent; the exact sum stays in the records
     (status --json, the transcript's cost_cents) where the CLI's float artefacts are kept."""
@@ -303,6 +273,7 @@ def _status_line(st: dict, width: int = 24) -> str:
 
 def cmd_status(args, settings: Settings) -> int:
     from runner.campaign import load_stored_plan
+    from runner.status import campaign_status
     from runner.store import open_store
 
     store = open_store(settings.store, settings)
@@ -406,42 +377,24 @@ def cmd_logs(args, settings: Settings) -> int:
 
 
 def cmd_pull(args, settings: Settings) -> int:
+    from runner.pull import verified_transcripts
     from runner.store import open_store
 
-    store = open_store(settings.store, settings)
-    prefix = layout.transcripts_prefix(args.campaign)
-    keys = store.list(prefix)
-    if not keys:
-        raise UserError(f"campaign {args.campaign!r} has no transcripts in {store.uri} (run `probe-runner transform` first)")
-    if layout.sums_key(args.campaign) not in keys:
-        raise UserError(f"campaign {args.campaign!r}: no {layout.SUMS_NAME} beside the transcripts in {store.uri}; "
-                        f"`probe-runner transform {args.campaign}` writes it")
-    sums = store.get(layout.sums_key(args.campaign))
-    lines = [line.split("  ", 1) for line in sums.decode(errors="replace").splitlines()]
-    if not all(len(x) == 2 and len(x[0]) == 64 for x in lines):
-        raise StoreError(f"{store.uri}/{prefix}{layout.SUMS_NAME} is malformed; `probe-runner transform {args.campaign}` rewrites it")
-    want = {name: hexdigest for hexdigest, name in lines}
-    have = {k[len(prefix):] for k in keys} - {layout.SUMS_NAME}
-    if have != set(want):
-        extra, missing = sorted(have - set(want)), sorted(set(want) - have)
-        raise StoreError(f"{store.uri}/{prefix}: the files differ from {layout.SUMS_NAME}"
-                         + (f"; not listed: {', '.join(extra)}" if extra else "")
-                         + (f"; listed but missing: {', '.join(missing)}" if missing else ""))
-    fetched = {}
-    for name in sorted(want):
-        data = store.get(prefix + name)
-        got = hashlib.sha256(data).hexdigest()
-        if got != want[name]:
-            raise StoreError(f"{store.uri}/{prefix}{name}: sha256 {got} differs from "
-                             f"{layout.SUMS_NAME}'s {want[name]}; nothing was written")
-        fetched[name] = data
-    args.dest.mkdir(parents=True, exist_ok=True)
-    for name, data in fetched.items():
-        target = args.dest / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    for target in write_files(args.dest, verified_transcripts(open_store(settings.store, settings), args.campaign)):
         print(target)
     return 0
+
+
+def write_files(dest: Path, files: dict[str, bytes]) -> list[Path]:
+    """Write ``files`` (relative name -> bytes) under ``dest``; returns the paths written."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, data in files.items():
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        out.append(target)
+    return out
 
 
 def cmd_ledger(args, settings: Settings) -> int:

@@ -1,0 +1,38 @@
+"""A campaign at a glance, from its ledger and stored streams: sessions by state, the cost the
+captured streams state, the refusals. Read by ``probe-runner status`` (and its --watch)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+from runner import layout, stream
+from runner.ledger import Ledger
+from runner.plan import Plan
+from runner.store import Store
+
+FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")  # states no run changes by itself
+
+
+def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None]) -> dict[str, object]:
+    """Sessions by state, the cost stated by the streams captured so far, and the refusals
+    (refusals.json once the transform wrote it, else the sessions refused so far). ``costs``
+    caches each stream's cost by key: a captured stream never changes."""
+    states = Ledger(store, plan.campaign).sessions()
+    counts: dict[str, int] = {}
+    for spec in plan.sessions():
+        st = states.get(spec.key)
+        counts[st.status if st else "pending"] = counts.get(st.status if st else "pending", 0) + 1
+    for st in states.values():
+        key = (st.detail.get("stream") or {}).get("key") if st.outcome else None
+        if key and key not in costs:
+            costs[key] = stream.parse(store.iter_lines(key)).cost_usd
+    cost = sum((c for c in costs.values() if c is not None), Decimal(0))
+    if store.exists(layout.refusals_key(plan.campaign)):
+        refusals = json.loads(store.get(layout.refusals_key(plan.campaign)))["refusals"]
+    else:
+        refusals = [{"scope": "session", "session": s.key, "reason": s.detail.get("reason", "")}
+                    for s in states.values() if s.status == "refused"]
+    total = sum(counts.values())
+    return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
+            "sessions": counts, "cost_usd": str(cost), "refusals": refusals}
