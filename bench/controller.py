@@ -33,7 +33,7 @@ from pathlib import Path
 from kubernetes import client
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "cluster")]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "cluster"), str(REPO / "tests")]  # conftest: the cluster tier's
 
 from conftest import run_build, start_cluster, write_cri_log  # noqa: E402
 from simnode import SimNode  # noqa: E402

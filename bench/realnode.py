@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "node")]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "node"), str(REPO / "tests")]  # conftest: the node tier's
 
 import conftest as stack  # noqa: E402  (tests/node/conftest.py: the same stack the node tier starts)
 from kubernetes import client, config, watch  # noqa: E402

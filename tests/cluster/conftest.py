@@ -13,6 +13,7 @@ every test here; nothing is ever skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from teardown import sigterm_as_interrupt  # tests/teardown.py (tests/ is on the path: tests/conftest.py)
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -517,13 +519,9 @@ def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
     reg_entry = REGISTRY / f"{name}.json"
     reg_entry.write_text(json.dumps({"owner_pid": os.getpid(), "cluster_dir": str(cluster.cluster_dir)}))
 
-    # pytest runs teardown on Ctrl-C but not on SIGTERM (a CI timeout, `kill`): turn it into
-    # KeyboardInterrupt for the session so the cluster is still deleted.
-    old_term = signal.getsignal(signal.SIGTERM)
-    if old_term in (signal.SIG_DFL, None):
-        def _on_term(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt(f"signal {signum}")
-        signal.signal(signal.SIGTERM, _on_term)
+    # A SIGTERM (a CI timeout, `kill`) still deletes the cluster (tests/teardown.py).
+    on_term = contextlib.ExitStack()
+    on_term.enter_context(sigterm_as_interrupt())
 
     try:
         started = time.monotonic()
@@ -565,5 +563,4 @@ def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
             # Whatever kwokctl did, no component of this cluster outlives the session.
             _end_pids([p for p in pids if _pid_alive(p)])
             reg_entry.unlink(missing_ok=True)
-            if signal.getsignal(signal.SIGTERM) is not old_term and old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
+            on_term.close()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from teardown import sigterm_as_interrupt  # tests/teardown.py (tests/ is on the path: tests/conftest.py)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -271,18 +272,9 @@ def built_images() -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    old_term = signal.getsignal(signal.SIGTERM)
-    if old_term in (signal.SIG_DFL, None):
-        # pytest tears fixtures down on Ctrl-C, not on SIGTERM (a CI timeout): make it one.
-        def _on_term(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt(f"signal {signum}")
-        signal.signal(signal.SIGTERM, _on_term)
-    try:
-        with node_up(tmp_path_factory.mktemp("node")) as node:
-            yield node
-    finally:
-        if old_term in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, old_term)
+    # A SIGTERM (a CI timeout, `kill`) still stops the node (tests/teardown.py).
+    with sigterm_as_interrupt(), node_up(tmp_path_factory.mktemp("node")) as node:
+        yield node
 
 
 @pytest.fixture(scope="session")
