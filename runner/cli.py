@@ -7,18 +7,15 @@ where a session cannot be confined or the recorder refused what it saw), never a
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import sys
 import time
-from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 
 from runner import __version__, layout, logs
 from runner.errors import EXIT_CONFINEMENT, EXIT_USAGE, UserError
-from runner.executors.base import Executor
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
@@ -137,19 +134,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(store=getattr(args, "store", None), concurrency=getattr(args, "concurrency", None))
 
 
-@contextmanager
-def campaign_lock(settings: Settings, campaign: str):
-    """One runner per campaign on this host; `ledger recover` needs the lock to be free."""
-    settings.local.workdir.mkdir(parents=True, exist_ok=True)
-    path = settings.local.workdir / f"{campaign}.lock"
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"campaign {campaign!r} is being run by another process on this host (lock {path})") from None
-        yield
-
-
 def _print_report(store, plan, report, out=sys.stdout) -> int:
     from runner.ledger import Ledger
 
@@ -173,41 +157,17 @@ def _print_report(store, plan, report, out=sys.stdout) -> int:
     return EXIT_CONFINEMENT if report.refusals else 0
 
 
-def make_executor(name: str, settings: Settings) -> Executor:
-    if name == "kubernetes":
-        from runner.executors.kubernetes import KubernetesExecutor
-        from runner.k8s.api import Kube
-
-        return KubernetesExecutor(settings, Kube(settings.kube))
-    from runner.executors.local import LocalExecutor
-
-    return LocalExecutor(settings)
-
-
 def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> int:
-    from runner.campaign import run_sessions
-    from runner.intake_job import run_job
     from runner.plan import load_plan
-    from runner.store import open_store
-    from runner.throttle import Backoff
+    from runner.service import run_campaign
 
     plan = plan or load_plan(args.plan)
-    corpus = (corpus or args.corpus).resolve()
-    if not corpus.is_dir():
-        raise UserError(f"corpus {corpus} is not a directory")
-    store = open_store(settings.store, settings)
-    executor = make_executor(getattr(args, "executor", "local"), settings)
-    with campaign_lock(settings, plan.campaign):
-        try:
-            backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
-            report = run_sessions(plan, corpus, store, executor, settings.local.workdir, settings.concurrency,
-                                  getattr(args, "produced", []), resume=resume, backoff=backoff)
-        finally:
-            executor.close()
-        for key in report.interrupted:
-            print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
-                  f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
-        job = run_job(store, plan)
+    done = run_campaign(settings, plan, corpus or args.corpus, getattr(args, "executor", "local"),
+                        getattr(args, "produced", []), resume)
+    report, store, job = done.sessions, done.store, done.job
+    for key in report.interrupted:
+        print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
+              f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
     code = _print_report(store, plan, job)
     if report.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
         print(f"halted: {report.unconfined}; no further session was started. Fix the cluster's network policy, "
@@ -423,6 +383,8 @@ def cmd_ledger(args, settings: Settings) -> int:
         print(f"sha256 {sha} ({len(ledger.entries)} entries)", file=sys.stderr)
         return 0
     if action == "recover":
+        from runner.service import campaign_lock
+
         with campaign_lock(settings, plan.campaign):
             ledger.reload()  # as it stands now that no runner of this host holds the campaign
             marked = ledger.recover()

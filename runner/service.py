@@ -1,0 +1,72 @@
+"""Running a campaign, as every command that runs one does it (``run``, ``controller``,
+``demo``, ``ledger resume``): one runner per campaign on this host, the executor chosen by
+name, every session that has not run, the executor closed whatever happens, then the
+transform-and-intake job. The CLI parses and prints around it; nothing here prints."""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from runner.campaign import RunReport, run_sessions
+from runner.errors import UserError
+from runner.executors.base import Executor
+from runner.intake_job import JobReport, run_job
+from runner.plan import Plan
+from runner.settings import Settings
+from runner.store import Store, open_store
+from runner.throttle import Backoff
+
+
+@contextmanager
+def campaign_lock(settings: Settings, campaign: str) -> Iterator[None]:
+    """One runner per campaign on this host; `ledger recover` needs the lock to be free."""
+    settings.local.workdir.mkdir(parents=True, exist_ok=True)
+    path = settings.local.workdir / f"{campaign}.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"campaign {campaign!r} is being run by another process on this host (lock {path})") from None
+        yield
+
+
+def make_executor(name: str, settings: Settings) -> Executor:
+    """``local`` (bwrap on this host) or ``kubernetes`` (a pod per session)."""
+    if name == "kubernetes":
+        from runner.executors.kubernetes import KubernetesExecutor
+        from runner.k8s.api import Kube
+
+        return KubernetesExecutor(settings, Kube(settings.kube))
+    from runner.executors.local import LocalExecutor
+
+    return LocalExecutor(settings)
+
+
+@dataclass
+class CampaignRun:
+    store: Store
+    sessions: RunReport   # what the sessions came to (interrupted, halted, unconfined)
+    job: JobReport        # the transcripts and refusals the transform-and-intake job wrote
+
+
+def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "local", produced: list[str] | None = None,
+                 resume: set[str] | None = None) -> CampaignRun:
+    """Run every session of ``plan`` that has not run (and those of ``resume``), then the
+    transform-and-intake job."""
+    corpus = corpus.resolve()
+    if not corpus.is_dir():
+        raise UserError(f"corpus {corpus} is not a directory")
+    store = open_store(settings.store, settings)
+    runner = make_executor(executor, settings)
+    with campaign_lock(settings, plan.campaign):
+        try:
+            backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
+            report = run_sessions(plan, corpus, store, runner, settings.local.workdir, settings.concurrency,
+                                  produced or [], resume=resume, backoff=backoff)
+        finally:
+            runner.close()
+        return CampaignRun(store, report, run_job(store, plan))
