@@ -335,19 +335,19 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
             except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
                 log.warning("refused: %s", e)
                 ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
-                _finish(executor, keys)
+                executor.finish(keys)
                 return f"refused ({e})", None
             except SessionInterrupted as e:
                 log.warning("interrupted: %s", e)
                 ledger.outcome(spec.key, attempt, "interrupted", e.detail)
-                _finish(executor, keys)
+                executor.finish(keys)
                 return f"interrupted ({e})", None
             except Exception as e:  # the harness may have spent: record what is known, never retry by itself
                 log.error("the executor failed: %s: %s", type(e).__name__, e, exc_info=True)
                 if ledger.state(spec.key).status == "intended":  # it failed before the harness could start
                     return f"not started ({type(e).__name__}: {e})", None
                 ledger.outcome(spec.key, attempt, "failed", {"reason": f"{type(e).__name__}: {e}"})
-                _finish(executor, keys)
+                executor.finish(keys)
                 return f"failed ({type(e).__name__}: {e})", None
             record["driver_produced"] = list(produced)
             store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
@@ -360,12 +360,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
             hooks.stage("before-outcome")
             ledger.outcome(spec.key, attempt, status, detail)
             log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
-            _finish(executor, keys)
+            executor.finish(keys)
             return status, parsed.cost_usd
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _finish(executor: Executor, keys: layout.SessionKeys) -> None:
-    """The outcome is journaled: let the executor release what the session held (its pod)."""
-    executor.finish(keys)

@@ -202,13 +202,13 @@ class KubernetesExecutor:
             with self._create_slots:
                 self.kube.create_pod(manifest)
             self.cache.wait(name, lambda p: p is not None, timeout=60)
-            start = self.cache.wait(name, _startup, timeout=timeout)
-            if isinstance(start, Startup) and start.kind == "running":
+            start = self.cache.wait(name, _startup, timeout=timeout) or Startup(
+                "failed", podstate.unschedulable(self.cache.get(name) or {}) or f"not running after {timeout:g} s")
+            if start.kind == "running":
                 return
-            if isinstance(start, Startup) and start.kind == "gone":
+            if start.kind == "gone":
                 raise NotStarted(start.why)
-            why = start.why if isinstance(start, Startup) else (
-                podstate.unschedulable(self.cache.get(name) or {}) or f"not running after {timeout:g} s")
+            why = start.why
             self._delete(name, grace=0)
             self.cache.wait(name, lambda p: p is None, timeout=120)
         raise NotStarted(f"pod {name} did not start: {why}")

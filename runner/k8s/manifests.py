@@ -72,6 +72,21 @@ def _provider_ca_mounts(k: KubeSettings) -> list[dict]:
     return [{"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True}] if k.provider_ca_configmap else []
 
 
+def _placement(k: KubeSettings) -> dict:
+    """Where a session's pod may run (runtime class, node selector, tolerations, pull secrets):
+    the session pod and its canary, so the canary measures the nodes sessions run on."""
+    spec: dict = {}
+    if k.runtime_class:
+        spec["runtimeClassName"] = k.runtime_class
+    if k.node_selector:
+        spec["nodeSelector"] = dict(k.node_selector)
+    if k.tolerations:
+        spec["tolerations"] = [dict(t) for t in k.tolerations]
+    if k.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": n} for n in k.image_pull_secrets]
+    return spec
+
+
 def harness_args(plan: Plan, settings: Settings) -> list[str]:
     """DESIGN.md's harness flags (the task goes in on stdin, never as an argument)."""
     return [HARNESS_EXECUTABLE, *harness.flags(plan, settings)]
@@ -185,14 +200,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
         ],
         "volumes": volumes,
     }
-    if k.runtime_class:
-        spec["runtimeClassName"] = k.runtime_class
-    if k.node_selector:
-        spec["nodeSelector"] = dict(k.node_selector)
-    if k.tolerations:
-        spec["tolerations"] = [dict(t) for t in k.tolerations]
-    if k.image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": n} for n in k.image_pull_secrets]
+    spec.update(_placement(k))
     if k.spread_max_skew is not None:
         spec["topologySpreadConstraints"] = [{
             "maxSkew": k.spread_max_skew,
@@ -250,12 +258,8 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, p
             "volumeMounts": mounts,
         }],
         "volumes": volumes,
+        **_placement(k),
     }
-    for key, value in (("runtimeClassName", k.runtime_class), ("nodeSelector", dict(k.node_selector)),
-                       ("tolerations", [dict(t) for t in k.tolerations]),
-                       ("imagePullSecrets", [{"name": n} for n in k.image_pull_secrets])):
-        if value:
-            spec[key] = value
     return {
         "apiVersion": "v1",
         "kind": "Pod",
