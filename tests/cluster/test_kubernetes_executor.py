@@ -113,16 +113,10 @@ def _env(kube_cluster, namespace: str, store: str, **extra: str) -> dict[str, st
 
 
 def _settings(env: dict[str, str], **overrides):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
         return load_settings(**overrides)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _plan(campaign: str, repetitions: int) -> tuple:

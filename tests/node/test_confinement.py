@@ -70,16 +70,11 @@ def targets(real_node):
 
 @contextmanager
 def _environ(env: dict[str, str]):
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    """``env`` laid over the environment for the block (pytest's MonkeyPatch undoes it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
         yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _install_env(install, tmp_path) -> dict[str, str]:
