@@ -37,7 +37,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "cluster"), str(REPO / "tests")]
 
 from conftest import run_build, start_cluster, write_cri_log  # noqa: E402
 from simnode import SimNode  # noqa: E402
-from test_kubernetes_executor import proxy_service  # noqa: E402
+from test_kubernetes_executor import install_objects  # noqa: E402
 
 from runner import demo  # noqa: E402
 
@@ -87,7 +87,7 @@ def main() -> int:
         for side in ("naive", "controller"):
             ns = cluster.create_namespace(f"bench-{side}")
             cluster.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": ns},
-                            "stringData": {"api-key": "k"}}, proxy_service(ns)])
+                            "stringData": {"api-key": "k"}}, *install_objects(ns)])
             cluster.serve_cluster_logs(f"bench-{side}", cri, match_namespaces=[ns], containers=["harness"])
             plan = base / f"plan-{side}.json"
             _plan(plan, f"bench-{side}", args.sessions)

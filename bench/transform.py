@@ -10,7 +10,7 @@ rate-limit lines), then measures over the same bytes, one process and so one cor
   (orjson);
 * json: the same loop with the standard library's ``json``;
 * jq: ``jq -c .type`` over the same files;
-* transform: what the transform-and-intake job does per session (``stream.parse``,
+* transform: what the transform does per session (``stream.parse``,
   ``transform``), then one transcript rendered and confirmed over all events.
 
 Rates are MB/s per core: bytes over the CPU time the work used (user + system), so the other
@@ -221,7 +221,7 @@ def full_transform_paired(files: list[Path]) -> dict:
 
 
 def full_transform(files: list[Path], paired: bool = False) -> dict:
-    """Per session what intake_job.transform_session does, then one transcript over all events;
+    """Per session what transform_run.session_outcome does, then one transcript over all events;
     the CPU time of the transcript (render and intake's confirmation) is returned apart.
 
     ``paired``: each session's file is also parsed by the floor's loop, just before or just after
@@ -230,9 +230,10 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
     import orjson
     from fuzz_targets import LOCK, identity
 
-    from runner import intake, stream
-    from runner.transcript import rendered
-    from runner.transform import SessionFacts, result_needed, transform
+    from runner import stream
+    from runner.transform import intake
+    from runner.transform.events import SessionFacts, result_needed, session_event
+    from runner.transform.transcript import rendered
 
     manifest = {f"docs/decisions/HW-DR-{k:04d}.md": LOCK for k in range(10000)}
     IDENTIFIERS = frozenset(f"HW-DR-{k:04d}" for k in range(10000))  # the corpus the manifest stands for
@@ -251,7 +252,7 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
                              identifiers=IDENTIFIERS)
         with open(path, "rb") as f:
             parsed = stream.parse(f, result_needed(facts))
-        out = transform(parsed, facts, ["current HW-DR-0052", "superseded HW-DR-0052"], ident)
+        out = session_event(parsed, facts, ["current HW-DR-0052", "superseded HW-DR-0052"], ident)
         events_cpu += _cpu() - t
         if out.event is None:
             raise SystemExit(f"{path}: refused: {out.refusals}")
@@ -262,7 +263,7 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
             floor_cpu += _cpu() - t
     events_peak_kb = _peak_rss_kb()
     t = _cpu()
-    written = rendered({"title": "bench"}, "bench", ["prose"], identity(), events)  # as intake_job.run_job does
+    written = rendered({"title": "bench"}, "bench", ["prose"], identity(), events)  # as transform_run.run_transform does
     result = intake.confirm_rendered(written, LOCK, {"HW-PRB-0007"})
     if result.refusal or len(result.events) != len(files):
         raise SystemExit(f"intake refused the bench transcript: {result.refusal}")
@@ -281,7 +282,7 @@ def child(kind: str, files: list[Path]) -> dict:
             "spec = importlib.util.spec_from_file_location('bench_transform', %r);"
             "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b);"
             "from pathlib import Path; files = [Path(p) for p in json.load(sys.stdin)];"
-            "import runner.stream, runner.transform, runner.intake, runner.transcript, fuzz_targets, orjson;"
+            "import runner.stream, runner.transform, runner.transform.intake, runner.transform.transcript, fuzz_targets, orjson;"
             "base = b._peak_rss_kb(); t = b._cpu(); n = getattr(b, %r)(files); t = b._cpu() - t;"
             "print(json.dumps({'cpu': t, 'items': n, 'base_rss_kb': base, 'peak_rss_kb': b._peak_rss_kb()}))"
             % (str(Path(__file__).resolve()), kind))

@@ -1,7 +1,7 @@
-"""runner/yamlfast.py against PyYAML's libyaml bindings (CSafeDumper, CSafeLoader), in one run.
+"""runner/transform/yamlfast.py against PyYAML's libyaml bindings (CSafeDumper, CSafeLoader), in one run.
 
 The transcript's YAML blocks must be byte for byte what PyYAML's pure emitter writes (its
-dumper with the NEL representer, runner/transcript.py): the transcripts of every campaign
+dumper with the NEL representer, runner/transform/transcript.py): the transcripts of every campaign
 already recorded are that text. yamlfast keeps only if it beats libyaml clearly, and libyaml
 could replace it only if its text were the same.
 
@@ -29,8 +29,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import fuzz_targets  # noqa: E402
 
-from runner import stream, transcript  # noqa: E402
-from runner.transform import transform  # noqa: E402
+from runner import stream  # noqa: E402
+from runner.transform import transcript  # noqa: E402
+from runner.transform.events import session_event  # noqa: E402
 
 
 class _CDumper(yaml.CSafeDumper):
@@ -58,7 +59,7 @@ def _events() -> list[dict]:
     events = []
     for path in sorted((ROOT / "tests" / "data").rglob("*.jsonl")):
         parsed = stream.parse(io.BytesIO(path.read_bytes()))
-        outcome = transform(parsed, fuzz_targets.facts(), fuzz_targets.ANSWERS, fuzz_targets.IDENTIFIER)
+        outcome = session_event(parsed, fuzz_targets.facts(), fuzz_targets.ANSWERS, fuzz_targets.IDENTIFIER)
         if outcome.event is not None:
             events.append(outcome.event)
     if not events:

@@ -17,5 +17,9 @@ apiVersion: v1
 kind: Namespace
 metadata:
   name: probe-runner
+  labels:
+    # Every pod of the install and every session pod meets the restricted Pod Security Standard.
+    pod-security.kubernetes.io/enforce: restricted
+    pod-security.kubernetes.io/enforce-version: latest
 HEAD
-"$helm" template probe-runner "$here/../helm/probe-runner" --namespace probe-runner
+"$helm" template probe-runner "$here/../helm/probe-runner" --namespace probe-runner --skip-tests

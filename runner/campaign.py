@@ -26,7 +26,7 @@ from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.store import AlreadyExists, Store
 from runner.throttle import Backoff, Halted, Signals, observe, refused_key
-from runner.transform import corpus_identifiers, shown_paths, written_paths
+from runner.transform.events import corpus_identifiers, shown_paths, written_paths
 
 log = logging.getLogger(__name__)
 

@@ -2,271 +2,270 @@
 
 Every user mistake ends as one clear line on stderr and an exit status (2 for bad input, 12
 where a session cannot be confined or the recorder refused what it saw), never a traceback.
+Each command is a small function over the domain (``runner.service``, ``runner.status``,
+``runner.pull``, the ledger); click parses, this module prints.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
+
+import click
 
 from runner import __version__, layout, logs
 from runner.errors import EXIT_CONFINEMENT, EXIT_USAGE, UserError
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
-EPILOG = """settings come from the environment (prefix RUNNER_, '__' between nested names), e.g.
+EPILOG = """\b
+Settings come from the environment (prefix RUNNER_, '__' between nested names), e.g.
   RUNNER_STORE=file:///srv/runs  RUNNER_PROVIDER__BASE_URL=https://api.anthropic.com
   RUNNER_PROVIDER__API_KEY=...   RUNNER_HARNESS__COMMAND=/usr/bin/claude
-flags override them. Exit status: 0 all recorded; 1 sessions left interrupted or not started; 2 bad input;
+flags override them.
+\b
+Exit status: 0 all recorded; 1 sessions left interrupted or not started; 2 bad input;
 12 a session could not be confined or something was refused (see the refused section)."""
 
+PLAN_HELP = "the plan file (JSON, or YAML by .yaml/.yml)"
+CORPUS_HELP = "the corpus directory the plan was made over"
 
 
-
-def _store_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", help="store URI: file:///abs/dir or s3://bucket/prefix (default: $RUNNER_STORE or ./runs)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="probe-runner", description=__doc__.split("\n\n")[0].replace("``", ""),
-                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"probe-runner {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log more to stderr: -v info (each session's outcome), -vv debug "
-                             "(default: $RUNNER_LOG__LEVEL or warning; format: $RUNNER_LOG__FORMAT, human or json)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    run = sub.add_parser("run", help="run a campaign to the end (continues one already started)",
-                         description="Run every session of PLAN that has not run, then the transform. Safe to run again: "
-                                     "sessions that ran are not repeated; interrupted ones are reported for `ledger recover`.")
-    run.add_argument("plan", type=Path, help="the plan file (JSON, or YAML by .yaml/.yml)")
-    run.add_argument("--corpus", type=Path, required=True, help="the corpus directory the plan was made over")
-    run.add_argument("--executor", choices=["local", "kubernetes"], default="local",
-                     help="where sessions run: local (under bwrap, the default) or kubernetes (one pod per session, "
-                          "through $RUNNER_KUBE__KUBECONFIG or the current kubeconfig context)")
-    run.add_argument("--concurrency", type=int, help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
-    run.add_argument("--produced", action="append", default=[], metavar="PATH",
-                     help="a workspace path a session may write without naming it (e.g. a Bash redirect); repeatable")
-    _store_arg(run)
-
-    demo = sub.add_parser("demo", help="run the bundled example campaign against a scripted local provider",
-                          description="Run a small bundled campaign (2 probes x 2 arms x 2 repetitions) with the real Claude "
-                                      "Code CLI against a scripted local Messages API, and print where the transcripts are.")
-    _store_arg(demo)
-
-    for name, text in (("status", "counts of sessions by state, cost so far, refusals"),
-                       ("transform", "(re)build the transcripts and refusals.json from the stored streams")):
-        p = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("campaign")
-        _store_arg(p)
-        if name == "status":
-            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-            p.add_argument("--watch", action="store_true",
-                           help="follow the campaign until every session is final: a live progress bar on a terminal, "
-                                "a plain line per change otherwise")
-            p.add_argument("--interval", type=float, default=10.0, metavar="SECONDS",
-                           help="seconds between two reads of the ledger with --watch (default: 10)")
-        if name == "transform":
-            p.add_argument("--job", action="store_true",
-                           help="run it in the cluster instead: create the campaign's transform Job in "
-                                "$RUNNER_KUBE__NAMESPACE (the install's settings and bucket credentials)")
-
-    submit = sub.add_parser("submit", help="upload a plan and its corpus to the bucket and start the campaign in the cluster",
-                            description="Store PLAN and the corpus under the campaign in the install's bucket (create-only: a campaign "
-                                        "name is bound to one plan and corpus for good), then create the campaign's controller "
-                                        "Job in $RUNNER_KUBE__NAMESPACE, which runs every session as a pod and then the "
-                                        "transform. Submitting the same campaign again changes nothing. Needs the Helm chart "
-                                        "installed as $RUNNER_KUBE__INSTANCE: its settings (bucket, images, resources) are "
-                                        "what the Job runs with and where the plan goes.")
-    submit.add_argument("plan", type=Path, help="the plan file (JSON, or YAML by .yaml/.yml)")
-    submit.add_argument("--corpus", type=Path, required=True, help="the corpus directory the plan was made over")
-    _store_arg(submit)
-
-    logs = sub.add_parser("logs", help="print one session's raw harness stream from the store",
-                          description="Write the stream.jsonl of PROBE SESSION (the harness's standard output, byte for "
-                                      "byte) to stdout, checked against the sha256 the ledger recorded. A stream that "
-                                      "could not be proven complete is printed with a warning on stderr.")
-    logs.add_argument("campaign")
-    logs.add_argument("probe", help="probe id, e.g. HW-PRB-0007")
-    logs.add_argument("session", help="session name, e.g. present-001")
-    logs.add_argument("--attempt", type=int, help="attempt number (default: the latest)")
-    _store_arg(logs)
-
-    ctl = sub.add_parser("controller", help="in-cluster entry point: run a submitted campaign's sessions as pods",
-                         description="Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes "
-                                     "pods, then the transform. Safe to restart: live pods are adopted, nothing repeats.")
-    ctl.add_argument("--campaign", required=True)
-    ctl.add_argument("--concurrency", type=int, help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
-    _store_arg(ctl)
-
-    pull = sub.add_parser("pull", help="download a campaign's transcripts and refusals, verifying their digests",
-                          description="Copy transcripts/ of CAMPAIGN (the transcripts and refusals.json) into DEST "
-                                      f"after checking every file against the {layout.SUMS_NAME} the transform wrote beside them. "
-                                      "Nothing is written unless every file verifies.")
-    pull.add_argument("campaign")
-    pull.add_argument("--dest", type=Path, required=True)
-    _store_arg(pull)
-
-    ledger = sub.add_parser("ledger", help="inspect and resolve the campaign ledger",
-                            description="export: canonical JSON Lines and their SHA-256; verify: check the hash chain; "
-                                        "recover: mark started sessions with no outcome as interrupted (nothing runs); "
-                                        "cancel: close an interrupted session; resume: run a new attempt of one.")
-    lsub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
-    for name in ("export", "verify", "recover", "cancel", "resume"):
-        p = lsub.add_parser(name)
-        p.add_argument("campaign")
-        if name in ("cancel", "resume"):
-            p.add_argument("session", help="PROBE/SESSION, e.g. HW-PRB-0007/present-001")
-        if name == "resume":
-            p.add_argument("--corpus", type=Path, required=True, help="the corpus directory (must be unchanged)")
-        if name == "export":
-            p.add_argument("--output", "-o", type=Path, help="write the JSON Lines here instead of stdout")
-        _store_arg(p)
-    return parser
+# Options more than one command takes, declared once.
+store_option = click.option("--store", metavar="URI",
+                            help="store URI: file:///abs/dir or s3://bucket/prefix (default: $RUNNER_STORE or ./runs)")
+concurrency_option = click.option("--concurrency", type=int, metavar="N", help="sessions at once (default: $RUNNER_CONCURRENCY or 2)")
+plan_argument = click.argument("plan", type=click.Path(path_type=Path, dir_okay=False))
+campaign_argument = click.argument("campaign")
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(store=getattr(args, "store", None), concurrency=getattr(args, "concurrency", None))
+def corpus_option(help: str = CORPUS_HELP) -> Callable:
+    return click.option("--corpus", type=click.Path(path_type=Path, file_okay=False), required=True, help=help)
 
 
-def _print_report(store, plan, report, out=sys.stdout) -> int:
+def with_settings(concurrency: bool = False) -> Callable:
+    """Give the command its settings (environment, then its --store/--concurrency flags) as
+    the first argument, with logging configured once from them and the group's -v, before
+    the command runs."""
+    def decorate(command: Callable[..., int]) -> Callable[..., int]:
+        @functools.wraps(command)
+        def wrapper(*args: Any, store: str | None, concurrency: int | None = None, **kwargs: Any) -> int:
+            settings = load_settings(store=store, concurrency=concurrency)
+            verbose = click.get_current_context().find_root().params.get("verbose", 0)
+            logs.configure({0: settings.log.level, 1: "info"}.get(verbose, "debug"), settings.log.format)
+            return command(settings, *args, **kwargs)
+
+        wrapper = store_option(wrapper)
+        return concurrency_option(wrapper) if concurrency else wrapper
+    return decorate
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "--version", prog_name="probe-runner", message="%(prog)s %(version)s")
+@click.option("-v", "--verbose", count=True,
+              help="log more to stderr: -v info (each session's outcome), -vv debug "
+                   "(default: $RUNNER_LOG__LEVEL or warning; format: $RUNNER_LOG__FORMAT, human or json)")
+def cli(verbose: int) -> None:
+    """Run probe campaigns and read what they recorded."""
+
+
+# ---- commands that run sessions: all go through runner.service.run_campaign -------------------
+
+@cli.command(short_help="run a campaign to the end (continues one already started)")
+@plan_argument
+@corpus_option()
+@click.option("--executor", type=click.Choice(["local", "kubernetes"]), default="local",
+              help="where sessions run: local (under bwrap, the default) or kubernetes (one pod per session, "
+                   "through $RUNNER_KUBE__KUBECONFIG or the current kubeconfig context)")
+@click.option("--produced", multiple=True, metavar="PATH",
+              help="a workspace path a session may write without naming it (e.g. a Bash redirect); repeatable")
+@with_settings(concurrency=True)
+def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: tuple[str, ...]) -> int:
+    """Run every session of PLAN that has not run, then the transform. Safe to run again:
+    sessions that ran are not repeated; interrupted ones are reported for `ledger recover`."""
+    from runner.plan import load_plan
+
+    return run_sessions(settings, load_plan(plan), corpus, executor, list(produced))
+
+
+@cli.command(short_help="in-cluster entry point: run a submitted campaign's sessions as pods")
+@click.option("--campaign", required=True)
+@with_settings(concurrency=True)
+def controller(settings: Settings, campaign: str) -> int:
+    """Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes
+    pods, then the transform. Safe to restart: live pods are adopted, nothing repeats."""
+    from runner.campaign import fetch_corpus
+
+    store, plan = stored_campaign(settings, campaign)
+    corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
+    return run_sessions(settings, plan, corpus, "kubernetes")
+
+
+@cli.command(short_help="run the bundled example campaign against a scripted local provider")
+@with_settings()
+def demo(settings: Settings) -> int:
+    """Run a small bundled campaign (2 probes x 2 arms x 2 repetitions) with the real Claude
+    Code CLI against a scripted local Messages API, and print where the transcripts are."""
+    from runner.demo import run_demo
+
+    return run_demo(settings, run_sessions)
+
+
+def run_sessions(settings: Settings, plan: Any, corpus: Path, executor: str = "local", produced: list[str] | None = None,
+                 resume: set[str] | None = None) -> int:
+    """Run the campaign through the domain's one path and say what came of it."""
+    from runner.service import run_campaign
+
+    done = run_campaign(settings, plan, corpus, executor, produced or [], resume)
+    report = done.sessions
+    for key in report.interrupted:
+        click.echo(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
+                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", err=True)
+    code = print_report(done.store, plan, done.transcripts)
+    if report.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
+        click.echo(f"halted: {report.unconfined}; no further session was started. Fix the cluster's network policy, "
+                   "then run again", err=True)
+        return EXIT_CONFINEMENT
+    if report.halted:  # a setting to fix, not a run to retry: a Job fails at once on 2
+        click.echo(f"halted: {report.halted}; fix the provider's key, then run again", err=True)
+        return EXIT_USAGE
+    return code
+
+
+def print_report(store: Any, plan: Any, report: Any) -> int:
+    """Where the transcripts are, what was refused, what did not start; the exit status they make."""
     from runner.ledger import Ledger
 
     for arm in report.arms:
         if arm.key:
-            print(f"transcript {plan.tier.value}-{arm.arm}: {store.uri}/{arm.key} ({arm.events} events)", file=out)
-    print(f"refusals: {store.uri}/{layout.refusals_key(plan.campaign)}", file=out)
-    print(f"realized cost: {_dollars(report.cost_usd)}", file=out)
+            click.echo(f"transcript {plan.tier.value}-{arm.arm}: {store.uri}/{arm.key} ({arm.events} events)")
+    click.echo(f"refusals: {store.uri}/{layout.refusals_key(plan.campaign)}")
+    click.echo(f"realized cost: {dollars(report.cost_usd)}")
     if report.refusals:
-        print("\nrefused:", file=out)
+        click.echo("\nrefused:")
         for r in report.refusals:
             where = f"{r.get('probe')} {r.get('session')}" if r["scope"] != "transcript" else r["transcript"]
-            print(f"  {r['scope']} {where} ({r.get('arm')}): {r['reason']}", file=out)
+            click.echo(f"  {r['scope']} {where} ({r.get('arm')}): {r['reason']}")
     states = Ledger(store, plan.campaign).sessions()
     waiting = [spec.key for spec in plan.sessions() if spec.key not in states or states[spec.key].status == "intended"]
     if waiting:
-        print(f"not started: {len(waiting)} session(s), e.g. {waiting[0]}: nothing was spent; "
-              "`probe-runner run` again starts them", file=sys.stderr)
+        click.echo(f"not started: {len(waiting)} session(s), e.g. {waiting[0]}: nothing was spent; "
+                   "`probe-runner run` again starts them", err=True)
     if waiting or any(s.status == "started" for s in states.values()):
         return 1
     return EXIT_CONFINEMENT if report.refusals else 0
 
 
-def cmd_run(args, settings: Settings, plan=None, corpus=None, resume=None) -> int:
-    from runner.plan import load_plan
-    from runner.service import run_campaign
-
-    plan = plan or load_plan(args.plan)
-    done = run_campaign(settings, plan, corpus or args.corpus, getattr(args, "executor", "local"),
-                        getattr(args, "produced", []), resume)
-    report, store, job = done.sessions, done.store, done.job
-    for key in report.interrupted:
-        print(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
-              f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", file=sys.stderr)
-    code = _print_report(store, plan, job)
-    if report.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
-        print(f"halted: {report.unconfined}; no further session was started. Fix the cluster's network policy, "
-              "then run again", file=sys.stderr)
-        return EXIT_CONFINEMENT
-    if report.halted:  # a setting to fix, not a run to retry: a Job fails at once on 2
-        print(f"halted: {report.halted}; fix the provider's key, then run again", file=sys.stderr)
-        return EXIT_USAGE
-    return code
-
-
-def cmd_controller(args, settings: Settings) -> int:
-    from runner.campaign import fetch_corpus, load_stored_plan
-    from runner.store import open_store
-
-    store = open_store(settings.store, settings)
-    plan = load_stored_plan(store, args.campaign)
-    corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
-    args.executor = "kubernetes"
-    return cmd_run(args, settings, plan=plan, corpus=corpus)
-
-
-def cmd_demo(args, settings: Settings) -> int:
-    from runner.demo import run_demo
-
-    return run_demo(settings, cmd_run)
-
-
-def cmd_transform(args, settings: Settings) -> int:
-    from runner.campaign import load_stored_plan
-    from runner.intake_job import run_job
-    from runner.store import open_store
-
-    store = open_store(settings.store, settings)
-    plan = load_stored_plan(store, args.campaign)
-    if args.job:
-        from runner.k8s import jobs
-        from runner.k8s.api import Kube
-
-        kube = Kube(settings.kube)
-        job = jobs.transform_job(_install_settings(kube, settings), plan.campaign)
-        where = f"{settings.kube.namespace}/{job['metadata']['name']}"
-        if not kube.create_job(job):
-            raise UserError(f"transform job {where} exists already; `kubectl -n {settings.kube.namespace} delete job "
-                            f"{job['metadata']['name']}` to run it again")
-        print(f"transform job: {where} (created)")
-        return 0
-    return _print_report(store, plan, run_job(store, plan))
-
-
-def _dollars(amount: object) -> str:
+def dollars(amount: object) -> str:
     """A cost for people to read, to the hundredth of a cent; the exact sum stays in the records
     (status --json, the transcript's cost_cents) where the CLI's float artefacts are kept."""
     return f"${Decimal(str(amount)):.4f}"
 
 
-def _status_line(st: dict, width: int = 24) -> str:
-    done = width * st["final"] // st["total"] if st["total"] else width
-    running = st["sessions"].get("started", 0)
-    return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running, "
-            f"cost {_dollars(st['cost_usd'])}, refusals {len(st['refusals'])}")
+# ---- commands that read a campaign from the store -------------------------------------------
 
-
-def cmd_status(args, settings: Settings) -> int:
+def stored_campaign(settings: Settings, campaign: str) -> tuple[Any, Any]:
+    """The store and the campaign's plan as it was stored; a clear error when there is none."""
     from runner.campaign import load_stored_plan
-    from runner.status import campaign_status
     from runner.store import open_store
 
     store = open_store(settings.store, settings)
-    plan = load_stored_plan(store, args.campaign)
+    return store, load_stored_plan(store, campaign)
+
+
+def status_line(st: dict, width: int = 24) -> str:
+    done = width * st["final"] // st["total"] if st["total"] else width
+    running = st["sessions"].get("started", 0)
+    waiting = f", {len(st['waiting'])} waiting for a pod" if st.get("waiting") else ""
+    return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running{waiting}, "
+            f"cost {dollars(st['cost_usd'])}, refusals {len(st['refusals'])}")
+
+
+def waiting_lines(waiting: dict[str, dict[str, str]]) -> list[str]:
+    """Sessions that wait for their pod, one line per reason, most sessions first."""
+    by_reason: dict[str, list[str]] = {}
+    for session, w in waiting.items():
+        by_reason.setdefault(w["reason"], []).append(session)
+    return [f"  {len(s)} waiting: {reason} (e.g. {s[0]}, since {waiting[s[0]]['since']})"
+            for reason, s in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+
+
+@cli.command(short_help="counts of sessions by state, cost so far, refusals")
+@campaign_argument
+@click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
+@click.option("--watch", is_flag=True, help="follow the campaign until every session is final: a live progress bar on a "
+                                            "terminal, a plain line per change otherwise")
+@click.option("--interval", type=float, default=10.0, metavar="SECONDS",
+              help="seconds between two reads of the ledger with --watch (default: 10)")
+@with_settings()
+def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interval: float) -> int:
+    """Counts of sessions by state, cost so far, refusals."""
+    from runner.status import campaign_status
+
+    store, plan = stored_campaign(settings, campaign)
     costs: dict = {}
     st = campaign_status(store, plan, costs)
-    if args.watch:
+    if watch:
         tty, last = sys.stdout.isatty(), None
         while True:
-            line = _status_line(st)
+            line = status_line(st)
             if tty:
-                print(f"\r{line}\033[K", end="", flush=True)
+                click.echo(f"\r{line}\033[K", nl=False)
             elif line != last:
-                print(line, flush=True)
+                click.echo(line)
             last = line
             if st["final"] == st["total"]:
                 break
-            time.sleep(args.interval)
+            time.sleep(interval)
             st = campaign_status(store, plan, costs)
         if tty:
-            print()
-    if args.json:
-        print(json.dumps(st, indent=2))
+            click.echo()
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
         return 0
-    print(f"campaign {plan.campaign}: {st['total']} sessions")
+    click.echo(f"campaign {plan.campaign}: {st['total']} sessions")
     for k in sorted(st["sessions"]):
-        print(f"  {k}: {st['sessions'][k]}")
-    print(f"cost so far: {_dollars(st['cost_usd'])} (as the captured streams state it)")
-    print(f"refusals: {len(st['refusals'])}")
+        click.echo(f"  {k}: {st['sessions'][k]}")
+    for line in waiting_lines(st["waiting"]):
+        click.echo(line)
+    click.echo(f"cost so far: {dollars(st['cost_usd'])} (as the captured streams state it)")
+    click.echo(f"refusals: {len(st['refusals'])}")
     return 0
 
 
-def _install_settings(kube, settings: Settings) -> Settings:
+@cli.command(short_help="(re)build the transcripts and refusals.json from the stored streams")
+@campaign_argument
+@click.option("--job", is_flag=True, help="run it in the cluster instead: create the campaign's transform Job in "
+                                          "$RUNNER_KUBE__NAMESPACE (the install's settings and bucket credentials)")
+@with_settings()
+def transform(settings: Settings, campaign: str, job: bool) -> int:
+    """(Re)build the transcripts and refusals.json from the stored streams."""
+    from runner.transform.run import run_transform
+
+    store, plan = stored_campaign(settings, campaign)
+    if not job:
+        return print_report(store, plan, run_transform(store, plan))
+    from runner.k8s import jobs
+    from runner.k8s.api import Kube
+
+    kube = Kube(settings.kube)
+    manifest = jobs.transform_job(install_settings(kube, settings), plan.campaign)
+    name = manifest["metadata"]["name"]
+    if not kube.create_job(manifest):
+        raise UserError(f"transform job {settings.kube.namespace}/{name} exists already; "
+                        f"`kubectl -n {settings.kube.namespace} delete job {name}` to run it again")
+    click.echo(f"transform job: {settings.kube.namespace}/{name} (created)")
+    return 0
+
+
+def install_settings(kube: Any, settings: Settings) -> Settings:
     """The installed chart's settings (its ConfigMap), which the campaign's Jobs run with."""
     from runner.k8s import jobs
 
@@ -274,58 +273,75 @@ def _install_settings(kube, settings: Settings) -> Settings:
     return jobs.install_settings(kube.config_map_data(name), settings, f"ConfigMap {settings.kube.namespace}/{name}")
 
 
-def cmd_submit(args, settings: Settings) -> int:
+@cli.command(short_help="upload a plan and its corpus to the bucket and start the campaign in the cluster")
+@plan_argument
+@corpus_option()
+@with_settings()
+def submit(settings: Settings, plan: Path, corpus: Path) -> int:
+    """Store PLAN and the corpus under the campaign in the install's bucket (create-only: a
+    campaign name is bound to one plan and corpus for good), then create the campaign's
+    controller Job in $RUNNER_KUBE__NAMESPACE, which runs every session as a pod and then the
+    transform. Submitting the same campaign again changes nothing. Needs the Helm chart
+    installed as $RUNNER_KUBE__INSTANCE: its settings (bucket, images, resources) are what the
+    Job runs with and where the plan goes."""
     from runner.campaign import store_corpus, store_plan
     from runner.k8s import jobs
     from runner.k8s.api import Kube
     from runner.plan import load_plan
     from runner.store import open_store
 
-    plan = load_plan(args.plan)
-    corpus = args.corpus.resolve()
+    parsed = load_plan(plan)
+    corpus = corpus.resolve()
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} is not a directory")
     kube = Kube(settings.kube)
-    install = _install_settings(kube, settings)
-    if args.store and args.store != install.store:
-        raise UserError(f"--store {args.store}: the install {settings.kube.namespace}/{settings.kube.instance} reads "
+    install = install_settings(kube, settings)
+    flag = click.get_current_context().params.get("store")
+    if flag and flag != install.store:
+        raise UserError(f"--store {flag}: the install {settings.kube.namespace}/{settings.kube.instance} reads "
                         f"campaigns from {install.store}; submit uploads there")
     if not install.store.startswith("s3://"):
         raise UserError(f"store {install.store}: the controller Job runs in the cluster and reads the campaign from the "
                         "bucket; the install needs an s3:// store (the chart's bucket.store)")
     store = open_store(install.store, install)
-    store_plan(store, plan)
-    corpus_digest = store_corpus(store, plan.campaign, corpus)
-    job = jobs.controller_job(install, plan.campaign)
-    created = kube.create_job(job)
-    where = f"{settings.kube.namespace}/{job['metadata']['name']}"
-    print(f"plan: {store.uri}/{layout.plan_key(plan.campaign)}")
-    print(f"corpus: {store.uri}/{layout.corpus_key(plan.campaign)} ({corpus_digest})")
-    print(f"controller job: {where} ({'created' if created else 'exists already: submitted before'})")
-    print(f"watch it: probe-runner status {plan.campaign} --watch")
+    store_plan(store, parsed)
+    corpus_digest = store_corpus(store, parsed.campaign, corpus)
+    manifest = jobs.controller_job(install, parsed.campaign)
+    created = kube.create_job(manifest)
+    click.echo(f"plan: {store.uri}/{layout.plan_key(parsed.campaign)}")
+    click.echo(f"corpus: {store.uri}/{layout.corpus_key(parsed.campaign)} ({corpus_digest})")
+    click.echo(f"controller job: {settings.kube.namespace}/{manifest['metadata']['name']} "
+               f"({'created' if created else 'exists already: submitted before'})")
+    click.echo(f"watch it: probe-runner status {parsed.campaign} --watch")
     return 0
 
 
-def cmd_logs(args, settings: Settings) -> int:
-    from runner.campaign import load_stored_plan
+@cli.command("logs", short_help="print one session's raw harness stream from the store")
+@campaign_argument
+@click.argument("probe")
+@click.argument("session")
+@click.option("--attempt", type=int, help="attempt number (default: the latest)")
+@with_settings()
+def stream(settings: Settings, campaign: str, probe: str, session: str, attempt: int | None) -> int:
+    """Write the stream.jsonl of PROBE SESSION (e.g. HW-PRB-0007 present-001: the harness's
+    standard output, byte for byte) to stdout, checked against the sha256 the ledger recorded.
+    A stream that could not be proven complete is printed with a warning on stderr."""
     from runner.ledger import Ledger
-    from runner.store import open_store
 
-    store = open_store(settings.store, settings)
-    plan = load_stored_plan(store, args.campaign)
-    st = Ledger(store, plan.campaign).state(f"{args.probe}/{args.session}")
-    if st.attempt == 0 and not args.attempt:
-        raise UserError(f"{args.probe}/{args.session}: no such session has run in campaign {plan.campaign!r}")
-    keys = layout.SessionKeys(plan.campaign, args.probe, args.session, args.attempt or st.attempt)
+    store, plan = stored_campaign(settings, campaign)
+    st = Ledger(store, plan.campaign).state(f"{probe}/{session}")
+    if st.attempt == 0 and not attempt:
+        raise UserError(f"{probe}/{session}: no such session has run in campaign {plan.campaign!r}")
+    keys = layout.SessionKeys(plan.campaign, probe, session, attempt or st.attempt)
     recorded = (st.detail.get("stream") or {}) if st.attempt == keys.attempt else {}
     if store.exists(keys.stream):
         key, want = keys.stream, recorded.get("sha256") if recorded.get("key") == keys.stream else None
     elif store.exists(keys.partial_stream):
         key, want = keys.partial_stream, None
-        print(f"probe-runner: {key}: the stream could not be proven complete; this is what was kept", file=sys.stderr)
+        click.echo(f"probe-runner: {key}: the stream could not be proven complete; this is what was kept", err=True)
     else:
-        raise UserError(f"{args.probe}/{args.session} attempt {keys.attempt}: no stream in {store.uri} (status {st.status})")
-    sha, out = hashlib.sha256(), sys.stdout.buffer
+        raise UserError(f"{probe}/{session} attempt {keys.attempt}: no stream in {store.uri} (status {st.status})")
+    sha, out = hashlib.sha256(), click.get_binary_stream("stdout")
     with store.open(key) as f:
         while chunk := f.read(1 << 20):
             sha.update(chunk)
@@ -336,12 +352,19 @@ def cmd_logs(args, settings: Settings) -> int:
     return 0
 
 
-def cmd_pull(args, settings: Settings) -> int:
+@cli.command(short_help="download a campaign's transcripts and refusals, verifying their digests",
+             help=f"Copy transcripts/ of CAMPAIGN (the transcripts and refusals.json) into DEST after checking every file "
+                  f"against the {layout.SUMS_NAME} the transform wrote beside them. Nothing is written unless every file verifies.")
+@campaign_argument
+@click.option("--dest", type=click.Path(path_type=Path, dir_okay=True, file_okay=False), required=True,
+              help="the directory to write them into")
+@with_settings()
+def pull(settings: Settings, campaign: str, dest: Path) -> int:
     from runner.pull import verified_transcripts
     from runner.store import open_store
 
-    for target in write_files(args.dest, verified_transcripts(open_store(settings.store, settings), args.campaign)):
-        print(target)
+    for target in write_files(dest, verified_transcripts(open_store(settings.store, settings), campaign)):
+        click.echo(str(target))
     return 0
 
 
@@ -357,70 +380,125 @@ def write_files(dest: Path, files: dict[str, bytes]) -> list[Path]:
     return out
 
 
-def cmd_ledger(args, settings: Settings) -> int:
-    from runner.campaign import load_stored_plan
+# ---- the ledger ----------------------------------------------------------------------------
+
+@cli.group(short_help="inspect and resolve the campaign ledger")
+def ledger() -> None:
+    """export: canonical JSON Lines and their SHA-256; verify: check the hash chain; recover:
+    mark started sessions with no outcome as interrupted (nothing runs); cancel: close an
+    interrupted session; resume: run a new attempt of one."""
+
+
+def campaign_ledger(settings: Settings, campaign: str) -> tuple[Any, Any]:
     from runner.ledger import Ledger
-    from runner.store import open_store
 
-    store = open_store(settings.store, settings)
-    plan = load_stored_plan(store, args.campaign)
-    ledger = Ledger(store, plan.campaign)
-    action = args.ledger_command
-    if action == "verify":
-        problems = ledger.verify()
-        for p in problems:
-            print(f"ledger {plan.campaign}: {p}", file=sys.stderr)
-        if not problems:
-            print(f"ledger {plan.campaign}: {len(ledger.entries)} entries, chain verifies")
-        return 1 if problems else 0
-    if action == "export":
-        data, sha = ledger.export()
-        if args.output:
-            args.output.write_bytes(data)
-        else:
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-        print(f"sha256 {sha} ({len(ledger.entries)} entries)", file=sys.stderr)
-        return 0
-    if action == "recover":
-        from runner.service import campaign_lock
+    store, plan = stored_campaign(settings, campaign)
+    return plan, Ledger(store, plan.campaign)
 
-        with campaign_lock(settings, plan.campaign):
-            ledger.reload()  # as it stands now that no runner of this host holds the campaign
-            marked = ledger.recover()
-            for key, attempt, detail in marked:
-                print(f"interrupted: {key} (attempt {attempt}): {detail['reason'].split('; ', 2)[-1]}")
-            print(f"{len(marked)} session(s) marked interrupted; nothing was run or stopped, captured stream bytes were kept")
-        return 0
-    st = ledger.state(args.session)
+
+session_argument = click.argument("session", metavar="PROBE/SESSION")
+
+
+@ledger.command(short_help="check the hash chain")
+@campaign_argument
+@with_settings()
+def verify(settings: Settings, campaign: str) -> int:
+    """Check the ledger's hash chain; exit 1 with each problem on stderr when it breaks."""
+    plan, book = campaign_ledger(settings, campaign)
+    problems = book.verify()
+    for p in problems:
+        click.echo(f"ledger {plan.campaign}: {p}", err=True)
+    if not problems:
+        click.echo(f"ledger {plan.campaign}: {len(book.entries)} entries, chain verifies")
+    return 1 if problems else 0
+
+
+@ledger.command(short_help="canonical JSON Lines and their SHA-256")
+@campaign_argument
+@click.option("--output", "-o", type=click.Path(path_type=Path, dir_okay=False), help="write the JSON Lines here instead of stdout")
+@with_settings()
+def export(settings: Settings, campaign: str, output: Path | None) -> int:
+    """Write the ledger as canonical JSON Lines (stdout or --output) and its SHA-256 on stderr."""
+    _, book = campaign_ledger(settings, campaign)
+    data, sha = book.export()
+    if output:
+        output.write_bytes(data)
+    else:
+        out = click.get_binary_stream("stdout")
+        out.write(data)
+        out.flush()
+    click.echo(f"sha256 {sha} ({len(book.entries)} entries)", err=True)
+    return 0
+
+
+@ledger.command(short_help="mark started sessions with no outcome as interrupted")
+@campaign_argument
+@with_settings()
+def recover(settings: Settings, campaign: str) -> int:
+    """Mark every started session with no outcome as interrupted. Nothing is run or stopped;
+    captured stream bytes are kept."""
+    from runner.service import campaign_lock
+
+    plan, book = campaign_ledger(settings, campaign)
+    with campaign_lock(settings, plan.campaign):
+        book.reload()  # as it stands now that no runner of this host holds the campaign
+        marked = book.recover()
+        for key, attempt, detail in marked:
+            click.echo(f"interrupted: {key} (attempt {attempt}): {detail['reason'].split('; ', 2)[-1]}")
+        click.echo(f"{len(marked)} session(s) marked interrupted; nothing was run or stopped, captured stream bytes were kept")
+    return 0
+
+
+def latest_attempt(book: Any, plan: Any, session: str) -> Any:
+    st = book.state(session)
     if st.attempt == 0:
-        raise UserError(f"{args.session}: no such session in campaign {plan.campaign!r}")
-    if action == "cancel":
-        ledger.close(args.session, st.attempt)
-        print(f"cancelled: {args.session} (attempt {st.attempt})")
-        return 0
+        raise UserError(f"{session}: no such session in campaign {plan.campaign!r}")
+    return st
+
+
+@ledger.command(short_help="close an interrupted session")
+@campaign_argument
+@session_argument
+@with_settings()
+def cancel(settings: Settings, campaign: str, session: str) -> int:
+    """Close SESSION's latest attempt: it stays unrecorded and is not run again."""
+    plan, book = campaign_ledger(settings, campaign)
+    st = latest_attempt(book, plan, session)
+    book.close(session, st.attempt)
+    click.echo(f"cancelled: {session} (attempt {st.attempt})")
+    return 0
+
+
+@ledger.command(short_help="run a new attempt of an interrupted or failed session")
+@campaign_argument
+@session_argument
+@corpus_option("the corpus directory (must be unchanged)")
+@with_settings()
+def resume(settings: Settings, campaign: str, session: str, corpus: Path) -> int:
+    """Run a new attempt of SESSION (interrupted or failed), then the transform."""
+    plan, book = campaign_ledger(settings, campaign)
+    st = latest_attempt(book, plan, session)
     if st.status not in ("interrupted", "failed"):
-        raise UserError(f"{args.session} is {st.status}; only an interrupted or failed session can be resumed")
-    return cmd_run(args, settings, plan=plan, corpus=args.corpus, resume={args.session})
-
-
-COMMANDS = {"run": cmd_run, "controller": cmd_controller, "demo": cmd_demo, "status": cmd_status, "transform": cmd_transform,
-            "pull": cmd_pull, "ledger": cmd_ledger, "submit": cmd_submit, "logs": cmd_logs}
+        raise UserError(f"{session} is {st.status}; only an interrupted or failed session can be resumed")
+    return run_sessions(settings, plan, corpus, resume={session})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The console script: parse, run, and turn every user mistake into a line and a status."""
     try:
-        settings = _settings(args)
-        level = {0: settings.log.level, 1: "info"}.get(args.verbose, "debug")
-        logs.configure(level, settings.log.format)
-        return COMMANDS[args.command](args, settings)
+        return int(cli.main(args=argv, prog_name="probe-runner", standalone_mode=False) or 0)
+    except click.ClickException as e:  # bad flags or arguments: click's usage line and message
+        e.show()
+        return e.exit_code
+    except click.Abort:  # click's form of KeyboardInterrupt
+        click.echo("probe-runner: interrupted; run the same command again to continue", err=True)
+        return 130
     except UserError as e:
-        print(f"probe-runner: {e}", file=sys.stderr)
+        click.echo(f"probe-runner: {e}", err=True)
         return e.exit_code
     except StoreError as e:
-        print(f"probe-runner: store: {e}", file=sys.stderr)
+        click.echo(f"probe-runner: store: {e}", err=True)
         return 1
     except KeyboardInterrupt:
-        print("probe-runner: interrupted; run the same command again to continue", file=sys.stderr)
+        click.echo("probe-runner: interrupted; run the same command again to continue", err=True)
         return 130

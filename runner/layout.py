@@ -34,6 +34,11 @@ def transcript_key(campaign: str, tier: str, arm: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/{tier}-{arm}.md"
 
 
+def waiting_key(campaign: str) -> str:
+    """Why sessions of a running campaign wait for their pod (the controller rewrites it)."""
+    return f"{campaign_prefix(campaign)}/waiting.json"
+
+
 def refusals_key(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/refusals.json"
 

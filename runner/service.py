@@ -1,7 +1,7 @@
 """Running a campaign, as every command that runs one does it (``run``, ``controller``,
 ``demo``, ``ledger resume``): one runner per campaign on this host, the executor chosen by
 name, every session that has not run, the executor closed whatever happens, then the
-transform-and-intake job. The CLI parses and prints around it; nothing here prints."""
+transform. The CLI parses and prints around it; nothing here prints."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 from runner.campaign import RunReport, run_sessions
 from runner.errors import UserError
 from runner.executors.base import Executor
-from runner.intake_job import JobReport, run_job
 from runner.plan import Plan
 from runner.settings import Settings
 from runner.store import Store, open_store
 from runner.throttle import Backoff
+from runner.transform.run import TransformReport, run_transform
 
 
 @contextmanager
@@ -50,13 +50,13 @@ def make_executor(name: str, settings: Settings) -> Executor:
 class CampaignRun:
     store: Store
     sessions: RunReport   # what the sessions came to (interrupted, halted, unconfined)
-    job: JobReport        # the transcripts and refusals the transform-and-intake job wrote
+    transcripts: TransformReport  # the transcripts and refusals the transform wrote
 
 
 def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "local", produced: list[str] | None = None,
                  resume: set[str] | None = None) -> CampaignRun:
     """Run every session of ``plan`` that has not run (and those of ``resume``), then the
-    transform-and-intake job."""
+    transform."""
     corpus = corpus.resolve()
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} is not a directory")
@@ -69,4 +69,4 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
                                   produced or [], resume=resume, backoff=backoff)
         finally:
             runner.close()
-        return CampaignRun(store, report, run_job(store, plan))
+        return CampaignRun(store, report, run_transform(store, plan))

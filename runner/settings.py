@@ -7,14 +7,23 @@ against it; ``env_nested_delimiter="__"`` lets the chart set any of them, e.g.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings.sources.utils import parse_env_vars
 
 from runner.errors import UserError, format_validation_error
+
+# Ranges the egress proxy may not reach on the provider's port by default (kube.provider_ip_blocks).
+PRIVATE_V4 = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]
+PRIVATE_V6 = ["fc00::/7", "fe80::/10", "::1/128"]
 
 DEFAULT_ALLOWED_TOOLS = ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash"]
 
@@ -99,6 +108,26 @@ class ResourceSettings(BaseModel):
     ephemeral_storage_limit: str = Field("2Gi", description="Ephemeral-storage limit per container (quantity); bounds the workspace and capture volumes. Default: 2Gi.")
 
 
+class IPBlock(BaseModel):
+    """A NetworkPolicy ipBlock: ``cidr`` less each range of ``except`` (same family, inside it)."""
+
+    model_config = ConfigDict(populate_by_name=True)
+    cidr: str
+    except_: list[str] = Field(default_factory=list, alias="except")
+
+    @model_validator(mode="after")
+    def _inside(self) -> IPBlock:
+        net = ipaddress.ip_network(self.cidr)  # a ValueError here is a validation error naming the field
+        for e in self.except_:
+            sub = ipaddress.ip_network(e)
+            if sub.version != net.version or not sub.subnet_of(net) or sub == net:  # type: ignore[arg-type]
+                raise ValueError(f"except {e} is not a range strictly inside {self.cidr}")
+        return self
+
+    def policy(self) -> dict[str, Any]:
+        return {"ipBlock": {"cidr": self.cidr, **({"except": list(self.except_)} if self.except_ else {})}}
+
+
 class KubeSettings(BaseModel):
     namespace: str = Field("probe-runner", description="Namespace of session pods (the controller's own). Default: probe-runner.")
     instance: str = Field("probe-runner", description="Install name (app.kubernetes.io/instance, the Helm release); selects this install's pods and policies. Default: probe-runner.")
@@ -118,6 +147,7 @@ class KubeSettings(BaseModel):
     proxy_url: str = Field("http://probe-runner-egress-proxy:3128", description="HTTPS_PROXY of the harness: the egress proxy Service. Default: http://probe-runner-egress-proxy:3128.")
     harness_uid: int = Field(10001, ge=1, description="uid and gid the harness (and every process of the session) runs as. Default: 10001.")
     reader_uid: int = Field(10002, ge=1, description="uid and gid of the capture reader; differs from harness_uid so the session cannot reach it. Default: 10002.")
+    priority_class: str | None = Field(None, description="priorityClassName of session pods (and their canaries), so the scheduler preempts other work rather than them. Default: unset (the cluster's default priority).")
     runtime_class: str | None = Field(None, description="runtimeClassName of session pods (e.g. gvisor). Default: unset (the cluster's default runtime).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of session pods. Default: none.")
     tolerations: list[dict] = Field(default_factory=list, description="tolerations of session pods (Kubernetes Toleration objects). Default: none.")
@@ -128,8 +158,19 @@ class KubeSettings(BaseModel):
     api_attempts: int = Field(6, ge=1, description="Attempts per Kubernetes API call for transient errors (5xx, 429, connection errors). Default: 6.")
     api_backoff_seconds: float = Field(0.5, ge=0, description="First API retry delay in seconds, doubled per attempt up to 10 s. Default: 0.5.")
     start_timeout_seconds: float = Field(600.0, gt=0, description="Time a pod may take from creation to a running reader (scheduling, image pull), in seconds; then it is deleted and the session retried (nothing was spent). Default: 600.")
-    transfer_chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096, description="Bytes per exec transfer of the stream; transfers are short, resumed by offset and verified. Default: 4 MiB.")
+    capture_size_limit: str = Field("2Gi", description="sizeLimit of a session pod's capture volume (the stream and the packed workspace, written by the reader alone), a quantity of its own, apart from the harness's ephemeral-storage limit that bounds the workspace and /tmp. Default: 2Gi.")
+    stream_poll_seconds: float = Field(15.0, gt=0, description="While a session runs, its stream is fetched this often, in seconds, so a pod evicted or deleted mid-session (its volumes go with it) loses at most about that much of the stream, kept as stream.incomplete.jsonl. Each poll is one exec per running session. Default: 15.")
+    transfer_chunk_bytes: int = Field(4 * 1024 * 1024, ge=4096, description="Bytes per exec transfer of the stream and of the packed workspace; transfers are short, resumed by offset and verified. Default: 4 MiB.")
+    collect_max_bytes: int = Field(1 << 30, ge=0, description="Most bytes a session's packed workspace (tar) may take to be collected, in bytes; past it no file of the session is collected, the capture record says why, and its event has no produced key. Default: 1 GiB.")
     transfer_timeout_seconds: float = Field(60.0, gt=0, description="Limit of one exec transfer, in seconds; a stalled transfer is abandoned and resumed from its offset. Default: 60.")
+    collect_margin_seconds: float = Field(900.0, gt=0, description="Time allowed after a session's time limit to fetch its stream and files, in seconds: with start_timeout_seconds and harness.timeout_seconds it makes the session pod's activeDeadlineSeconds, after which the kubelet ends the pod and its reader gives up, whether or not a controller is still there. Default: 900.")
+    owner_job: str | None = Field(None, description="Name of the Job that owns this campaign's pods: deleting it deletes them. The controller Job sets it (and owner_uid) from its own pod's labels; a workstation run leaves it unset, and its pods are bounded by their deadline alone. Default: none.")
+    owner_uid: str | None = Field(None, description="uid of the owner_job. Default: none.")
+    provider_ip_blocks: list[IPBlock] = Field(default_factory=lambda: [IPBlock(cidr="0.0.0.0/0", **{"except": PRIVATE_V4}), IPBlock(cidr="::/0", **{"except": PRIVATE_V6})], description="Addresses the egress proxy may reach on the provider's port, as NetworkPolicy ipBlocks ({cidr, except}): the public internet by default, without the private, shared (CGNAT), link-local (the metadata service) and loopback ranges where pod, service and node addresses usually are; add the cluster's own ranges to except where they are public, or name an on-prem provider's own range. Default: 0.0.0.0/0 except " + ", ".join(PRIVATE_V4) + "; ::/0 except " + ", ".join(PRIVATE_V6) + ".")
+    dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods, the only DNS servers the egress proxy may ask. Default: kube-system.")
+    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods (CoreDNS and kube-dns both carry k8s-app=kube-dns). Default: {k8s-app: kube-dns}.")
+    exec_connect_timeout_seconds: float = Field(15.0, gt=0, description="Limit of opening one exec (TCP, TLS, the API server's upgrade answer), in seconds; then the exec is retried as a transient error. Default: 15.")
+    exec_frame_timeout_seconds: float = Field(30.0, gt=0, description="Limit of reading or writing one frame of an exec, in seconds: a server that stops mid-frame or stops reading fails the exec then, not at transfer_timeout_seconds. Default: 30.")
     watch_timeout_seconds: int = Field(300, ge=10, description="Server-side timeout of one pod watch, in seconds; the watch is then resumed from its resourceVersion. Default: 300.")
 
     @field_validator("spread_max_skew")
@@ -149,8 +190,35 @@ class LogSettings(BaseModel):
                              "while a session runs, its campaign, probe, session and attempt (the in-cluster Jobs set json). Default: human.")
 
 
+class VariablesSource(EnvSettingsSource):
+    """The ``RUNNER_*`` variables of a mapping, read exactly as pydantic-settings reads the
+    environment: the process's own, or a settings ConfigMap's data (what a Job's environment will
+    hold), so both are one parser. A list or object that is not JSON is named by its variable
+    (pydantic-settings names only the top field, "kube")."""
+
+    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str] | None = None) -> None:
+        self.variables = os.environ if variables is None else variables
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self.variables, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str)
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            named = [k for k, v in self.variables.items() if v == value and k.lower().endswith(field_name.lower())]
+            raise ValueError(f"{named[0] if named else field_name} is not JSON: {str(value)[:80]}") from None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNNER_", env_nested_delimiter="__", extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, VariablesSource(settings_cls)
 
     store: str = Field(
         default_factory=lambda: (Path.cwd() / "runs").as_uri(),
@@ -171,5 +239,30 @@ def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with flag values (non-None) laid over them."""
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsError as e:
+        raise UserError(f"settings: {e.__cause__ or e}") from None
     except ValidationError as e:
         raise UserError(format_validation_error("settings", e)) from None
+
+
+def settings_over(base: Settings, variables: Mapping[str, str], where: str) -> Settings:
+    """``base`` with the ``RUNNER_*`` entries of ``variables`` (e.g. a ConfigMap's data) laid
+    over it, each read as the environment would be; ``where`` names the source in an error."""
+    try:
+        read = VariablesSource(Settings, variables)()
+    except SettingsError as e:
+        raise UserError(f"{where}: {e.__cause__ or e}") from None
+    merged = base.model_dump()
+    _deep_update(merged, read)
+    try:
+        return Settings(**merged)
+    except ValidationError as e:
+        raise UserError(format_validation_error(where, e)) from None
+
+
+def _deep_update(into: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _deep_update(into[key], value)
+        else:
+            into[key] = value

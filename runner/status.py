@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from typing import Any
 
 from runner import layout, stream
 from runner.ledger import Ledger
@@ -35,4 +36,14 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None]) 
                     for s in states.values() if s.status == "refused"]
     total = sum(counts.values())
     return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
-            "sessions": counts, "cost_usd": str(cost), "refusals": refusals}
+            "sessions": counts, "cost_usd": str(cost), "refusals": refusals, "waiting": _waiting(store, plan, states)}
+
+
+def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Why sessions not final yet wait for their pod, as the controller last recorded it
+    (layout.waiting_key; absent for the local executor)."""
+    key = layout.waiting_key(plan.campaign)
+    if not store.exists(key):
+        return {}
+    recorded: dict[str, dict[str, str]] = json.loads(store.get(key)).get("sessions") or {}
+    return {k: v for k, v in recorded.items() if k not in states or states[k].status not in FINAL}

@@ -28,6 +28,7 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 import orjson
 
@@ -87,7 +88,7 @@ MAX_COST_PLACES = 64
 class ToolUse:
     id: str
     name: str
-    input: dict  # what the transform reads of it (see ARGUMENT_KEYS)
+    input: dict[str, Any]  # what the transform reads of it (see ARGUMENT_KEYS)
     parent: str | None  # non-null for a subagent's call
     line: int
     identity: str | None = None  # the digest of the canonical input, where that is the argument
@@ -106,10 +107,10 @@ class ToolResult:
 
 @dataclass
 class ParsedStream:
-    init: dict | None = None
+    init: dict[str, Any] | None = None
     tool_uses: list[ToolUse] = field(default_factory=list)
     results: dict[str, ToolResult] = field(default_factory=dict)
-    result: dict | None = None
+    result: dict[str, Any] | None = None
     cost_usd: Decimal | None = None
     served_models: list[str] = field(default_factory=list)  # in order of first appearance
     lines: int = 0
@@ -189,7 +190,7 @@ def _needs_reference(value: object, n: int) -> bool:
     return suspicious
 
 
-def _reference(raw: bytes, n: int, last: bool) -> object:
+def _reference(raw: bytes, n: int, last: bool) -> Any:
     """What the standard library's json reads from a line, or _Unreadable with the reason."""
     try:
         text = raw.decode("utf-8")  # explicit: json.loads(bytes) would accept UTF-16 and UTF-32
@@ -207,7 +208,7 @@ def _reference(raw: bytes, n: int, last: bool) -> object:
         raise _Unreadable(f"line {n} is not a JSON document") from None
 
 
-def _load(raw: bytes, n: int, last: bool) -> dict | None:
+def _load(raw: bytes, n: int, last: bool) -> dict[str, Any] | None:
     if not raw or raw.isspace():
         return None
     try:
@@ -219,7 +220,7 @@ def _load(raw: bytes, n: int, last: bool) -> dict | None:
     return obj
 
 
-def _result_cost(line: dict) -> Decimal | None:
+def _result_cost(line: dict[str, Any]) -> Decimal | None:
     for key in ("total_cost_usd", "cost_usd"):  # cost_usd: the name older CLI versions used
         value = line.get(key)
         if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
@@ -281,7 +282,7 @@ def _line(out: ParsedStream, raw: bytes, n: int, last: bool, state: _State) -> N
         out.problems.append(str(e))
 
 
-def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _State) -> None:
+def _dispatch(out: ParsedStream, raw: bytes, obj: dict[str, Any], n: int, last: bool, state: _State) -> None:
     kind = obj.get("type")
     if not isinstance(kind, str):
         kind = None  # a line of no known type, like any other unknown line
@@ -313,17 +314,17 @@ def _dispatch(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, stat
         cost = _result_cost(json.loads(raw, parse_float=Decimal))  # exact: summed from the line's own literal
         out.result = obj
         if cost is not None and not (cost.is_finite() and 0 <= cost < MAX_COST_USD
-                                     and cost.as_tuple().exponent >= -MAX_COST_PLACES):
+                                     and isinstance(places := cost.as_tuple().exponent, int) and places >= -MAX_COST_PLACES):
             out.problems.append(f"line {n}: the result line states a cost of {cost} USD, which is not a cost")
             cost = None
         out.cost_usd = cost
 
 
-def _without_uuid(obj: dict) -> dict:
+def _without_uuid(obj: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in obj.items() if k != "uuid"}
 
 
-def _kept_input(name: str, tinput: dict) -> tuple[dict, str | None]:
+def _kept_input(name: str, tinput: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The part of a tool input the transform reads, and the input's identity where the call is
     identified by it (see ARGUMENT_KEYS)."""
     keys = ARGUMENT_KEYS.get(name)
@@ -333,7 +334,7 @@ def _kept_input(name: str, tinput: dict) -> tuple[dict, str | None]:
     return {k: tinput[k] for k in PATH_INPUT_KEYS if k in tinput}, digest.of_bytes(canonical(tinput))
 
 
-def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, uses: dict[str, ToolUse]) -> None:
+def _assistant(out: ParsedStream, raw: bytes, obj: dict[str, Any], n: int, last: bool, uses: dict[str, ToolUse]) -> None:
     message = obj.get("message")
     if not isinstance(message, dict):
         out.problems.append(f"line {n}: an assistant line without a message")
@@ -373,7 +374,7 @@ def _assistant(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, use
         out.tool_uses.append(use)
 
 
-def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _State) -> None:
+def _user(out: ParsedStream, raw: bytes, obj: dict[str, Any], n: int, last: bool, state: _State) -> None:
     message = obj.get("message")
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, list):
@@ -405,7 +406,7 @@ def _user(out: ParsedStream, raw: bytes, obj: dict, n: int, last: bool, state: _
         )
 
 
-def _changed(obj: dict, results: int) -> bool | None:
+def _changed(obj: dict[str, Any], results: int) -> bool | None:
     """False where the harness's structured record of a write (``tool_use_result``, 2.x, one per
     user line that answers one call) shows that it changed nothing: a file that existed
     (``originalFile`` a string) and a patch with no hunk, as the CLI records a Write of the bytes

@@ -12,11 +12,12 @@ import io
 import re
 from pathlib import Path
 
-from runner import intake, stream, transcript
+from runner import stream
 from runner.errors import UserError
 from runner.plan import load_plan
 from runner.seal import PROBE_CONFIG, load_probe_config
-from runner.transform import SessionFacts, transform
+from runner.transform import intake, transcript
+from runner.transform.events import SessionFacts, session_event
 
 TARGETS = ("plan", "probe_yml", "stream", "transcript")  # an input's first byte picks one, modulo 4
 LOCK = "sha256:" + "1" * 64
@@ -56,7 +57,7 @@ def facts() -> SessionFacts:
 
 def stream_target(data: bytes) -> None:
     parsed = stream.parse(io.BytesIO(data))  # a binary file splits at b"\n" alone, as the store does
-    outcome = transform(parsed, facts(), ANSWERS, IDENTIFIER)
+    outcome = session_event(parsed, facts(), ANSWERS, IDENTIFIER)
     if outcome.event is None:
         if not outcome.refusals:
             raise DataLost("no event and no refusal")

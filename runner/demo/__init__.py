@@ -19,6 +19,7 @@ SCENARIOS = HERE / "scenarios.json"
 
 
 def run_demo(settings: Settings, run) -> int:
+    """``run(settings, plan, corpus)`` runs the campaign: the CLI's one path of every command that runs sessions."""
     from pydantic import SecretStr
 
     from runner.demo.provider import ScriptedProvider
@@ -32,4 +33,4 @@ def run_demo(settings: Settings, run) -> int:
                                                              "credentials_file": None}),
         })
         print(f"demo: campaign {plan.campaign}, scripted provider at {provider.base_url}, store {settings.store}")
-        return run(None, demo_settings, plan=plan, corpus=CORPUS)
+        return run(demo_settings, plan, CORPUS)

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route
+from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
 
 
 def _pod_facts() -> dict[str, str]:
@@ -184,9 +184,13 @@ def wait_until_confined(limit: float, probe_timeout: float = 0.5) -> float | Non
 
 
 def main(argv: list[str]) -> int:
-    """``python3 -m runner.entrypoints.canary ROUTES_JSON_BASE64 [CA_FILE]``: wait until the pod's
-    policy is in force (at most SETTLE_SECONDS), try every route, write the report to the
-    termination log and stdout; exit 0 (the controller judges)."""
+    """``python3 -m runner.entrypoints.canary [--judge] ROUTES_JSON_BASE64 [CA_FILE]``: wait until
+    the pod's policy is in force (at most SETTLE_SECONDS), try every route, write the report to
+    the termination log and stdout; exit 0 (the controller judges). ``--judge`` (``helm test``,
+    where no controller reads the report): print a line per route and exit 1 unless the policy
+    settled and every route was as it must be, by the controller's own rule."""
+    judging = argv[:1] == ["--judge"]
+    argv = argv[1:] if judging else argv
     rs = [Route(**r) for r in json.loads(base64.b64decode(argv[0]))]
     ca_file = argv[1] if len(argv) > 1 else None
     settled = wait_until_confined(SETTLE_SECONDS)
@@ -200,7 +204,14 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     print(report, flush=True)
-    return 0
+    if not judging:
+        return 0
+    for r in results:
+        print(f"{'OPEN  ' if r.opened else 'closed'} {r.name} ({r.target}): {r.detail}", flush=True)
+    problem = judge(results) or (None if settled is not None else
+                                 f"the pod's network policy was not in force after {SETTLE_SECONDS:g} s")
+    print(f"confinement check: {problem or 'passed'}", flush=True)
+    return 1 if problem else 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -44,9 +45,11 @@ SOCKET_NAME = "stdout.sock"
 STREAM_NAME = "stream.jsonl"
 RECORD_NAME = "record.json"
 DELIVERED_NAME = "delivered"
+PACKED_NAME = "workspace.tar"
 TIMEOUT_EXIT = 124  # the session hit its time limit and was killed
 UNCONFINED_EXIT = 125  # the CLI would have been dumpable: refused before it ran
 OPEN_NETWORK_EXIT = 126  # the pod's network policy was not in force: refused before the CLI ran
+GAVE_UP_EXIT = 3  # the reader's deadline passed: no controller finished with the pod
 _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
 
@@ -96,9 +99,13 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
     path.unlink(missing_ok=True)
     started = _now()
     sha, size = hashlib.sha256(), 0
-    with conn, open(capture_dir / STREAM_NAME, "wb") as out:
+    # Unbuffered: every chunk is in the file as it arrives, for the controller to follow while
+    # the session runs (a pod evicted mid-session then loses at most the last poll's worth).
+    with conn, open(capture_dir / STREAM_NAME, "wb", buffering=0) as out:
         while chunk := conn.recv(_CHUNK):
-            out.write(chunk)
+            view = memoryview(chunk)
+            while view:  # an unbuffered write may take part of it
+                view = view[out.write(view) or 0:]
             sha.update(chunk)
             size += len(chunk)
         out.flush()
@@ -109,6 +116,23 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         signal.pause()
+
+
+def give_up_after(seconds: int) -> None:
+    """End the reader ``seconds`` from now (0: never), whatever it waits for: the workspace, the
+    harness, or a controller that will never collect. With the reader gone the pod ends (its
+    harness loses its standard output), so a pod whose controller is gone does not run on.
+    The kubelet enforces the same bound as the pod's activeDeadlineSeconds; this holds where
+    nothing enforces it."""
+    if seconds <= 0:
+        return
+
+    def expire(*_: object) -> None:
+        print(f"probe reader: no controller finished with this pod within {seconds} s; giving up", file=sys.stderr)
+        os._exit(GAVE_UP_EXIT)
+
+    signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
 
 
 def _connect(path: Path, wait: float) -> socket.socket:
@@ -144,6 +168,7 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path
     from runner.entrypoints.canary import wait_until_confined
     from runner.executors import seccomp
 
+    workspace = Path.cwd()  # the container's workingDir
     conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
     why = _dumpable_because(argv[0])
     if why is not None:  # the reader sees an empty stream; the exit code says why
@@ -179,20 +204,53 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             print(f"probe harness: time limit of {timeout:g} s reached; session killed", file=sys.stderr)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             code = TIMEOUT_EXIT
+        _end_session(proc.pid)
+        proc.wait()  # reaped: the CLI, killed at the limit or not, is gone before the modes change
+        _open_to_group(workspace)
     finally:
         if copied is not None:
             copied.unlink(missing_ok=True)
     return code
 
 
+def _end_session(group: int) -> None:
+    """No process of the session outlives the CLI: its process group, and where this entry
+    point is the container's first process (a pod), every other process of the container,
+    which catches one that left the group (setsid)."""
+    for pid in ([-1] if os.getpid() == 1 else []) + [-group]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _open_to_group(root: Path) -> None:
+    """Make what the session left readable by the pod's group (fsGroup, which the reader also
+    has), so the reader's tar can pack a 0600 file or a 0700 directory (mktemp makes both).
+    Runs once no session process is left to change a mode again; links are not followed."""
+    uid = os.getuid()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            try:
+                st = os.lstat(path)
+                if st.st_uid == uid and not stat.S_ISLNK(st.st_mode):
+                    os.chmod(path, stat.S_IMODE(st.st_mode) | (0o050 if stat.S_ISDIR(st.st_mode) else 0o040))
+            except OSError:
+                pass  # gone, or not ours: the reader's tar reports what it cannot read
+
+
 # Commands the controller runs by exec in the reader container. Shell and coreutils only, so a
 # transfer costs no interpreter start; paths come from the reader's environment.
 def deliver_argv() -> list[str]:
-    """Unpack the tar on stdin into the workspace, then let the reader open the socket."""
-    return ["sh", "-c", f'tar -x -p -f - --no-same-owner -C "$PROBE_WORKSPACE" && touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
+    """Unpack the tar on stdin into the workspace, then let the reader open the socket. Once
+    delivered, never again: a retry whose first run's exit status was lost must not unpack
+    over a workspace the session may already be changing. The tar is then read to its end and
+    dropped (read by tar, which stops at the archive's end as the unpacking one does: an exec's
+    stdin has no end of file under the v4 channel protocol)."""
+    return ["sh", "-c", f'if [ -e "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}" ]; then exec tar -t -f - >/dev/null; fi; '
+                        f'tar -x -p -f - --no-same-owner -C "$PROBE_WORKSPACE" && touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
 
 
 def is_delivered_argv() -> list[str]:
@@ -204,21 +262,31 @@ def record_argv() -> list[str]:
     return ["sh", "-c", f'cat "$PROBE_CAPTURE_DIR/{RECORD_NAME}" 2>/dev/null || true']
 
 
-def fetch_argv(offset: int, length: int) -> list[str]:
-    """Bytes [offset, offset+length) of the captured stream."""
-    return ["sh", "-c", f'tail -c +$(($1 + 1)) "$PROBE_CAPTURE_DIR/{STREAM_NAME}" | head -c "$2"', "fetch",
-            str(offset), str(length)]
+def fetch_argv(offset: int, length: int, name: str = STREAM_NAME) -> list[str]:
+    """Bytes [offset, offset+length) of a file of the capture volume: the stream, or the
+    packed workspace."""
+    return ["sh", "-c", 'tail -c +$(($1 + 1)) "$PROBE_CAPTURE_DIR/$3" | head -c "$2"', "fetch",
+            str(offset), str(length), name]
 
 
-def pack_argv() -> list[str]:
-    """The workspace as a tar on stdout (links stored as links, never followed)."""
-    return ["sh", "-c", 'tar -c -f - -C "$PROBE_WORKSPACE" .']
+def pack_argv(limit: int) -> list[str]:
+    """Pack the workspace (links stored as links, never followed) into a file of the capture
+    volume, at most ``limit`` + 1 bytes of it, for the controller to fetch in chunks as it
+    fetches the stream; print its size, its sha256 and tar's exit status. A file tar cannot
+    read is left out with a warning, not a failure (tar's messages are in pack.err)."""
+    return ["sh", "-c",
+            f'c="$PROBE_CAPTURE_DIR"; {{ tar -c -f - --ignore-failed-read -C "$PROBE_WORKSPACE" . 2>"$c/pack.err"; '
+            f'echo $? >"$c/pack.status"; }} | head -c $(($1 + 1)) >"$c/{PACKED_NAME}"; '
+            f'echo "$(wc -c <"$c/{PACKED_NAME}") $(sha256sum "$c/{PACKED_NAME}" | cut -d" " -f1) $(cat "$c/pack.status")"; '
+            'tail -c 2000 "$c/pack.err" >&2',
+            "pack", str(limit)]
 
 
 def main(args: list[str]) -> int:
     env = os.environ
     if args[:1] == ["reader"]:
         uid = env.get("PROBE_HARNESS_UID")
+        give_up_after(int(env.get("PROBE_DEADLINE_SECONDS") or 0))
         reader(Path(env["PROBE_CAPTURE_DIR"]), Path(env["PROBE_SOCKET_DIR"]), int(uid) if uid else None)
         return 0
     if args[:2] == ["harness", "--"] and len(args) > 2:

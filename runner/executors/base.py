@@ -32,11 +32,14 @@ class CaptureRecord(TypedDict):
     ended_at: str
     exit_code: int | None           # the CLI's exit status (None: it never reported one)
     timed_out: bool                 # the driver ended it at its time limit
+    oom_killed: NotRequired[bool]   # kubernetes: the harness container was killed at its memory limit
     stream: dict[str, Any]          # the stored stream: key, bytes, sha256
     workspace: str                  # the workspace path as the session saw it
     config_dir: str                 # the CLI's configuration directory as the session saw it
     host_skills: list[str]          # skills the host's CLI configuration would have loaded
-    artifacts: list[dict[str, Any]]  # the files the session changed, as stored
+    artifacts: dict[str, Any] | None  # the files the session changed, as stored (None: not collected)
+    artifacts_not_collected: NotRequired[str]              # why artifacts is None
+    artifacts_warnings: NotRequired[list[str]]             # kubernetes: what the pod's tar could not read
     confinement_checks: NotRequired[list[dict[str, Any]]]  # kubernetes: the canary checks over the session
     pod: NotRequired[dict[str, Any]]                       # kubernetes: name, namespace, node
     reader: NotRequired[dict[str, Any]]                    # kubernetes: the capture reader's record

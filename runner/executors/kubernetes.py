@@ -28,13 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from runner import digest
-from runner.entrypoints.pod import OPEN_NETWORK_EXIT, TIMEOUT_EXIT, UNCONFINED_EXIT, deliver_argv, fetch_argv, is_delivered_argv, pack_argv, record_argv
+from runner import digest, layout
+from runner.entrypoints.pod import (
+    OPEN_NETWORK_EXIT,
+    PACKED_NAME,
+    STREAM_NAME,
+    TIMEOUT_EXIT,
+    UNCONFINED_EXIT,
+    deliver_argv,
+    fetch_argv,
+    is_delivered_argv,
+    pack_argv,
+    record_argv,
+)
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import CaptureRecord, Live
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
-from runner.k8s.api import ExecError, Kube
+from runner.k8s.api import ExecError, Kube, QuotaExceeded
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.manifests import WORKSPACE
 from runner.k8s.podcache import PodCache
@@ -72,6 +83,7 @@ class KubernetesExecutor:
         k = self.settings.kube
         self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
+        self.waiting = Waiting()
 
     # ---- campaign hooks --------------------------------------------------------------------
 
@@ -119,6 +131,7 @@ class KubernetesExecutor:
         return self.monitor.halted if self.monitor is not None else None
 
     def close(self) -> None:
+        self.waiting.stop()
         if self.monitor is not None:
             self.monitor.stop()
         if self.cache is not None:
@@ -133,14 +146,16 @@ class KubernetesExecutor:
                                          self.proxy_url)
         name = manifest["metadata"]["name"]
         checks_before = self.monitor.count() if self.monitor is not None else 0
-        self._start_pod(name, manifest)
+        self.waiting.bind(store, plan.campaign)
+        self._start_pod(name, manifest, f"{keys.probe}/{keys.session}")
         if self._exec(name, is_delivered_argv(), check=False).code != 0:
             started()
             self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid))
         started_at = now()
         limit = self.settings.harness.timeout_seconds + self.settings.kube.start_timeout_seconds
-        end = self.cache.wait(name, lambda p: _harness_end(p), timeout=limit)
         spool = scratch / "stream.spool"
+        spool.unlink(missing_ok=True)
+        end, fetched = self._follow(name, spool, limit)
         if not end or end[0] == "lost":
             reason = end[1] if end else f"the harness did not end within {limit:g} s"
             detail = self._salvage(name, spool, store, keys)
@@ -157,10 +172,10 @@ class KubernetesExecutor:
         if record is None:
             reason = f"the capture reader recorded no end of the stream within {_RECORD_WAIT_SECONDS:g} s of the harness's end"
             raise SessionInterrupted(reason, {"reason": reason, **self._salvage(name, spool, store, keys)})
-        self._fetch(name, spool, 0, record["bytes"])
+        self._fetch(name, spool, fetched if fetched <= record["bytes"] else 0, record["bytes"])
         stream = _upload_verified(spool, store, keys.stream, record)
         ended_at = now()
-        collected = self._collect(name, scratch, sealed, store, keys, also_collect)
+        artifacts = self._collect(name, scratch, sealed, store, keys, also_collect)
         exit_code = term.get("exitCode")
         pod = self.cache.get(name) or {}
         return {
@@ -170,7 +185,8 @@ class KubernetesExecutor:
             # The canary checks from the one in force when this session started to its end;
             # empty where kube.canary_enabled is false (the transcript then says so).
             "confinement_checks": self.monitor.since(checks_before) if self.monitor is not None else [],
-            "pod": {"name": name, "namespace": self.settings.kube.namespace, "node": pod.get("spec", {}).get("nodeName")},
+            "pod": {"name": name, "namespace": self.settings.kube.namespace, "node": pod.get("spec", {}).get("nodeName"),
+                    "owner": self.settings.kube.owner_job},
             "harness": {"image": self.settings.kube.harness_image, "image_id": podstate.image_id(pod, "harness"),
                         "version": self.harness_version,
                         "argv": manifests.harness_args(plan, self.settings),
@@ -180,38 +196,67 @@ class KubernetesExecutor:
             "ended_at": ended_at,
             "exit_code": exit_code,
             "timed_out": exit_code == TIMEOUT_EXIT,
+            "oom_killed": term.get("reason") == "OOMKilled",
             "stream": stream,
             "reader": record,
             "workspace": WORKSPACE,
             "config_dir": manifests.CONFIG_DIR,
             "host_skills": [],
-            "artifacts": collected,
+            **artifacts,
         }
 
     def finish(self, keys: SessionKeys) -> None:
         """The outcome is journaled: the pod may go."""
-        self._delete(manifests.pod_name(keys.campaign, keys.probe, keys.session, keys.attempt))
+        self._delete(manifests.pod_name(self.settings.kube.instance, keys.campaign, keys.probe, keys.session, keys.attempt))
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def _start_pod(self, name: str, manifest: dict) -> None:
+    def _start_pod(self, name: str, manifest: dict, session: str) -> None:
+        """Create the pod and wait for its reader to run; what it waits for meanwhile (the
+        scheduler's message, an image pull, a quota) is kept in ``waiting`` for ``status``."""
         assert self.cache is not None
         timeout = self.settings.kube.start_timeout_seconds
         why = "no attempt made"
+
+        def started(pod: dict | None) -> Startup | None:
+            start = _startup(pod)
+            if start is None:
+                self.waiting.note(session, podstate.waiting(pod))
+            return start
+
         for _ in range(START_ATTEMPTS):
-            with self._create_slots:
-                self.kube.create_pod(manifest)
+            self._create(manifest, session, timeout)
             self.cache.wait(name, lambda p: p is not None, timeout=60)
-            start = self.cache.wait(name, _startup, timeout=timeout) or Startup(
-                "failed", podstate.unschedulable(self.cache.get(name) or {}) or f"not running after {timeout:g} s")
+            start = self.cache.wait(name, started, timeout=timeout) or Startup(
+                "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
+                self.waiting.note(session, None)
                 return
             if start.kind == "gone":
+                self.waiting.note(session, f"did not start: {start.why}")
                 raise NotStarted(start.why)
             why = start.why
             self._delete(name, grace=0)
             self.cache.wait(name, lambda p: p is None, timeout=120)
+        self.waiting.note(session, f"did not start: {why}")
         raise NotStarted(f"pod {name} did not start: {why}")
+
+    def _create(self, manifest: dict, session: str, timeout: float) -> None:
+        """Create the pod; a namespace quota that refuses it now may admit it once other
+        sessions end, so that refusal is waited out (up to ``timeout``), not a failure."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with self._create_slots:
+                    self.kube.create_pod(manifest)
+                return
+            except QuotaExceeded as e:
+                if time.monotonic() > deadline:
+                    why = f"the namespace's quota refused the pod for {timeout:g} s: {e}"
+                    self.waiting.note(session, f"did not start: {why}")
+                    raise NotStarted(why) from None
+                self.waiting.note(session, f"quota: {e}")
+                time.sleep(5)
 
     def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True):
         k = self.settings.kube
@@ -231,15 +276,16 @@ class KubernetesExecutor:
             time.sleep(0.2)
         return None
 
-    def _fetch(self, pod: str, spool: Path, offset: int, total: int | None) -> int:
-        """Append the stream from ``offset`` to the spool; every chunk is its own short exec, so a
-        broken transfer is repeated from where the spool ends. Returns the spool's size."""
+    def _fetch(self, pod: str, spool: Path, offset: int, total: int | None, name: str = STREAM_NAME) -> int:
+        """Append the capture volume's file ``name`` (the stream, or the packed workspace) from
+        ``offset`` to the spool; every chunk is its own short exec, so a broken transfer is
+        repeated from where the spool ends. Returns the spool's size."""
         chunk = self.settings.kube.transfer_chunk_bytes
         with open(spool, "ab") as f:
             f.truncate(offset)
             while total is None or offset < total:
                 want = chunk if total is None else min(chunk, total - offset)
-                data = self._exec(pod, fetch_argv(offset, want)).stdout
+                data = self._exec(pod, fetch_argv(offset, want, name)).stdout
                 if len(data) > want:
                     raise ExecError(f"exec in {pod}: fetch returned {len(data)} bytes for {want}")
                 if not data:
@@ -252,11 +298,29 @@ class KubernetesExecutor:
             os.fsync(f.fileno())
         return offset
 
+    def _follow(self, pod: str, spool: Path, limit: float) -> tuple[tuple | None, int]:
+        """Wait for the harness's end (at most ``limit`` seconds), fetching the stream into the
+        spool every kube.stream_poll_seconds meanwhile: a pod evicted or deleted mid-session
+        (its volumes go with it) then loses at most that much of the stream, not all of it.
+        Returns the end (None on timeout) and the bytes spooled so far."""
+        deadline = time.monotonic() + limit
+        fetched = 0
+        while True:
+            end = self.cache.wait(pod, _harness_end, timeout=max(0.0, min(self.settings.kube.stream_poll_seconds,
+                                                                          deadline - time.monotonic())))
+            if end or time.monotonic() >= deadline:
+                return end, fetched
+            try:
+                fetched = self._fetch(pod, spool, fetched, None)
+            except ExecError as e:  # no stream yet, or a transfer that broke: the next poll goes on from here
+                log.debug("%s: following the stream: %s", pod, e)
+
     def _salvage(self, pod: str, spool: Path, store: Store, keys: SessionKeys) -> dict:
-        """Keep what can still be read of a stream that cannot be proven complete."""
-        got = 0
+        """Keep what can still be read of a stream that cannot be proven complete: what was
+        fetched while the session ran, and what the pod still has past it."""
+        got = spool.stat().st_size if spool.exists() else 0
         try:
-            got = self._fetch(pod, spool, 0, None)
+            got = self._fetch(pod, spool, got, None)
         except Exception as e:  # the pod is gone or going: keep what arrived
             got = spool.stat().st_size if spool.exists() else 0
             log.warning("%s: salvage of the stream stopped after %d bytes: %s", pod, got, e)
@@ -267,17 +331,95 @@ class KubernetesExecutor:
 
     def _collect(self, pod: str, scratch: Path, sealed: SealedWorkspace, store: Store, keys: SessionKeys,
                  also_collect) -> dict:
-        tar_bytes = self._exec(pod, pack_argv()).stdout
+        """The files the session left: packed in the pod, fetched in verified chunks as the
+        stream is (memory bounded by one chunk), unpacked safely, stored. Past
+        kube.collect_max_bytes nothing is collected and the capture record says why."""
+        limit = self.settings.kube.collect_max_bytes
+        res = self._exec(pod, pack_argv(limit))
+        try:
+            size_text, sha, status = res.stdout.decode().split()
+            size = int(size_text)
+        except ValueError:
+            raise ExecError(f"exec in {pod}: packing the workspace said {res.stdout[:200]!r}") from None
+        if size > limit:
+            return {"artifacts": None, "artifacts_not_collected": f"the workspace packs to more than kube.collect_max_bytes "
+                                                                  f"({limit} bytes); its files were not collected"}
+        if status != "0":
+            raise ExecError(f"exec in {pod}: packing the workspace failed (tar {status}): "
+                            f"{res.stderr.decode(errors='replace')[-300:]}")
+        warnings = [line for line in res.stderr.decode(errors="replace").splitlines() if line.strip()]
+        spool = scratch / "workspace.tar"
+        spool.unlink(missing_ok=True)
+        self._fetch(pod, spool, 0, size, PACKED_NAME)
+        if digest.of_file(spool) != "sha256:" + sha:
+            raise ExecError(f"exec in {pod}: the fetched workspace is not what the pod packed ({size} bytes sha256:{sha})")
         out = scratch / "collected"
-        skipped = _extract_safely(tar_bytes, out)
+        skipped = _extract_safely(spool, out)
         if skipped:
             log.warning("%s: %d workspace member(s) not unpacked (outside the workspace or through a link): %s",
                         pod, len(skipped), ", ".join(skipped[:10]))
-        return collect_workspace(out, sealed.manifest, also_collect(keys, WORKSPACE), store, keys)
+        collected = collect_workspace(out, sealed.manifest, also_collect(keys, WORKSPACE), store, keys)
+        return {"artifacts": collected, **({"artifacts_warnings": warnings[-20:]} if warnings else {})}
 
     def _delete(self, name: str, grace: int | None = None) -> None:
         with self._delete_slots:
             self.kube.delete_pod(name, grace)
+
+
+class Waiting:
+    """Why sessions wait for their pod, written to the store (layout.waiting_key) at most once
+    a second by its own thread, so ``status`` can say it: the pod watch's callbacks only note
+    it in memory. A store error is logged and retried at the next change, never swallowed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._why: dict[str, dict[str, str]] = {}
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: Store | None = None
+        self._key = ""
+
+    def bind(self, store: Store, campaign: str) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._store, self._key = store, layout.waiting_key(campaign)
+                self._thread = threading.Thread(target=self._run, name="waiting", daemon=True)
+                self._thread.start()
+
+    def note(self, session: str, why: str | None) -> None:
+        with self._lock:
+            if why is None:
+                changed = self._why.pop(session, None) is not None
+            else:
+                changed = (self._why.get(session) or {}).get("reason") != why
+                if changed:
+                    self._why[session] = {"reason": why, "since": now()}
+        if changed:
+            self._dirty.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._dirty.wait(timeout=1.0):
+                self._flush()
+                self._stop.wait(1.0)
+
+    def _flush(self) -> None:
+        self._dirty.clear()
+        with self._lock:
+            body = json.dumps({"at": now(), "sessions": dict(sorted(self._why.items()))}, indent=1).encode()
+        try:
+            assert self._store is not None
+            self._store.put(self._key, body)
+        except Exception as e:  # noqa: BLE001 - a status aid: logged, written again at the next change
+            log.warning("could not record why sessions wait (%s): %s", self._key, e)
+            self._dirty.set()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._flush()
 
 
 @dataclass(frozen=True)
@@ -336,7 +478,7 @@ def _workspace_tar(root: Path, gid: int) -> bytes:
     return buf.getvalue()
 
 
-def _extract_safely(data: bytes, dest: Path) -> list[str]:
+def _extract_safely(tar_path: Path, dest: Path) -> list[str]:
     """Directories, regular files and links inside ``dest``, from a tar the session pod made
     (untrusted). A link is recreated as a link and never followed: a member whose path runs
     through a link an earlier member made (``a -> /outside``, then ``a/x``) is skipped, and a
@@ -346,10 +488,12 @@ def _extract_safely(data: bytes, dest: Path) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
     skipped: list[str] = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+    with tarfile.open(tar_path, mode="r:") as tar:
         for m in tar:
             rel = Path(os.path.normpath(m.name))
-            if rel.is_absolute() or rel.parts[:1] == ("..",) or str(rel) == ".":
+            if str(rel) == ".":  # the workspace itself
+                continue
+            if rel.is_absolute() or rel.parts[:1] == ("..",):
                 skipped.append(m.name)
                 continue
             target = root / rel

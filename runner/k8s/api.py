@@ -4,30 +4,42 @@ Retries are policy: 5xx, 429 and connection errors are retried with tenacity (at
 backoff from settings); other 4xx fail fast. 409 on create and 404 on delete are answers, not
 errors: deterministic names make creation idempotent and deletion of a gone pod a success.
 
-Exec goes through its own ApiClient: the client library's ``stream()`` swaps the transport of
-the ApiClient it is given while it connects, so ordinary calls on a shared client could be sent
-as websockets by another thread. Connection set-up is serialised; the transfers themselves run
-concurrently and each carries its own timeout, because the library has none by default.
+Exec goes through ApiClients of its own, one per thread: the client library's ``stream()``
+swaps the transport of the ApiClient it is given while it connects, so ordinary calls on a
+shared client could be sent as websockets by another thread, and a lock around the connect
+would let one stalled handshake hold up every session's exec. The library sets no timeout at
+all, so every exec carries three: the connect (TCP, TLS and the upgrade answer), each frame
+read or written, and the whole transfer; a server that accepts and never answers, or stops
+mid-frame, costs one exec its deadline and nothing else.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import certifi
 import urllib3
+import websocket
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import stream as k8s_stream
+from kubernetes.stream import ws_client
+from kubernetes.stream.stream import _websocket_request
 from kubernetes.stream.ws_client import ERROR_CHANNEL
 
 from runner.errors import UserError
 from runner.retry import RetryPolicy
 from runner.settings import KubeSettings
+
+
+class QuotaExceeded(Exception):
+    """The namespace's ResourceQuota refused a pod: it may admit it once other pods end."""
 
 
 class ExecError(Exception):
@@ -62,6 +74,62 @@ def load_api_client(settings: KubeSettings) -> client.ApiClient:
         raise UserError(f"kubernetes: no usable configuration ({e}); set RUNNER_KUBE__KUBECONFIG or run in a cluster") from None
 
 
+def _bounded_websocket_call(configuration: client.Configuration, method: str, url: str, headers: dict | None = None,
+                            _request_timeout: float | None = None, **_: object) -> ws_client.WSClient:
+    """The exec transport of ``stream()`` (ws_client.websocket_call), with the connect bounded
+    by ``_request_timeout``: the library's own opens the websocket blocking with no timeout.
+    Its failures are the library's: ApiException with status 0 and the reason."""
+    try:
+        return _ConnectedWSClient(_open_websocket(configuration, ws_client.get_websocket_url(url), headers or {},
+                                                  _request_timeout))
+    except Exception as e:
+        raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from None
+
+
+def _open_websocket(configuration: client.Configuration, url: str, headers: dict, timeout: float | None) -> websocket.WebSocket:
+    """ws_client.create_websocket, with ``timeout`` on the connect (TCP, TLS, the upgrade)."""
+    header = [f"authorization: {headers['authorization']}"] if "authorization" in headers else []
+    header.append(f"sec-websocket-protocol: {headers.get('sec-websocket-protocol') or f'{ws_client.V5_CHANNEL_PROTOCOL},{ws_client.V4_CHANNEL_PROTOCOL}'}")
+    if url.startswith("wss://") and configuration.verify_ssl:
+        ssl_opts: dict = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": configuration.ssl_ca_cert or certifi.where()}
+        if configuration.assert_hostname is not None:
+            ssl_opts["check_hostname"] = configuration.assert_hostname
+    else:
+        ssl_opts = {"cert_reqs": ssl.CERT_NONE}
+    if configuration.cert_file:
+        ssl_opts["certfile"] = configuration.cert_file
+    if configuration.key_file:
+        ssl_opts["keyfile"] = configuration.key_file
+    if configuration.tls_server_name:
+        ssl_opts["server_hostname"] = configuration.tls_server_name
+    connect_opt: dict = {"header": header, "timeout": timeout}
+    if configuration.proxy or configuration.proxy_headers:
+        connect_opt = ws_client.websocket_proxycare(connect_opt, configuration, url, headers)
+    sock = websocket.WebSocket(sslopt=ssl_opts, skip_utf8_validation=False)
+    sock.connect(url, **connect_opt)
+    return sock
+
+
+class _ConnectedWSClient(ws_client.WSClient):
+    """The library's channel client over a websocket already connected (its own __init__
+    connects, with no timeout); the attributes are those WSClient.__init__ sets."""
+
+    def __init__(self, sock: websocket.WebSocket) -> None:
+        self._channels: dict = {}
+        self._closed_channels: set = set()
+        self.binary = True
+        self.newline = b"\n"
+        self._all = ws_client._IgnoredIO()
+        self.sock = sock
+        self.subprotocol = getattr(sock, "subprotocol", None) or next(
+            (v for k, v in (sock.getheaders() or {}).items() if k.lower() == "sec-websocket-protocol"), None)
+        self._connected = True
+        self._returncode = None
+
+
+_exec_stream = functools.partial(_websocket_request, _bounded_websocket_call, None)
+
+
 class Kube:
     def __init__(self, settings: KubeSettings, api_client: client.ApiClient | None = None,
                  exec_client: client.ApiClient | None = None):
@@ -71,14 +139,17 @@ class Kube:
         self.core = client.CoreV1Api(self.api_client)
         self.net = client.NetworkingV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
-        self._exec_core = client.CoreV1Api(exec_client or self._clone(self.api_client))
-        self._exec_setup = threading.Lock()
+        self._exec_config = (exec_client or self.api_client).configuration
+        self._exec_local = threading.local()
         self.attempts = 0  # API attempts made, retries included (the bench reads it)
         self.retry = RetryPolicy(is_transient, settings.api_attempts, settings.api_backoff_seconds)
 
-    @staticmethod
-    def _clone(api: client.ApiClient) -> client.ApiClient:
-        return client.ApiClient(api.configuration)
+    def _exec_api(self) -> client.CoreV1Api:
+        """This thread's exec client (see the module's docstring)."""
+        api = getattr(self._exec_local, "api", None)
+        if api is None:
+            api = self._exec_local.api = client.CoreV1Api(client.ApiClient(self._exec_config))
+        return api
 
     def call(self, fn, *args, **kwargs):
         for attempt in self.retry.retrying():
@@ -96,6 +167,8 @@ class Kube:
         except ApiException as e:
             if e.status == 409:
                 return False
+            if e.status == 403 and "exceeded quota" in str(e.body or ""):
+                raise QuotaExceeded(_api_message(e)) from None
             raise
 
     def delete_pod(self, name: str, grace_seconds: int | None = None) -> None:
@@ -181,34 +254,48 @@ class Kube:
 
     def exec(self, pod: str, container: str, argv: list[str], stdin: bytes | None = None,
              timeout: float = 60.0) -> ExecResult:
-        """Run ``argv`` in a container; raise ExecError when the transfer breaks off or times out."""
-        with self._exec_setup:
-            try:
-                resp = k8s_stream(self._exec_core.connect_get_namespaced_pod_exec, pod, self.namespace,
-                                  command=argv, container=container, stdin=stdin is not None, stdout=True,
-                                  stderr=True, tty=False, _preload_content=False, binary=True)
-            except ApiException as e:
-                if e.status == 0:
-                    # The websocket library reports the API server's refusal of the upgrade as
-                    # status 0: a 4xx there (403 without the pods/exec verb) is not transient.
-                    m = re.search(r"Handshake status (\d{3})", str(e.reason))
-                    code = int(m.group(1)) if m else 0
-                    if 400 <= code < 500 and code != 429:
-                        raise ApiException(status=code, reason=f"exec {container} in {pod}: {str(e.reason)[-400:]}") from None
-                    raise ExecError(f"exec {container} in {pod}: {e.reason}") from None
-                raise
+        """Run ``argv`` in a container; raise ExecError when the transfer breaks off or passes a
+        deadline: the connect (kube.exec_connect_timeout_seconds), one frame
+        (kube.exec_frame_timeout_seconds) or the whole exec (``timeout`` seconds)."""
+        started = time.monotonic()
+        deadline = started + timeout
+        try:
+            resp = _exec_stream(self._exec_api().connect_get_namespaced_pod_exec, pod, self.namespace,
+                                command=argv, container=container, stdin=stdin is not None, stdout=True, stderr=True,
+                                tty=False, _preload_content=False, binary=True,
+                                _request_timeout=self.settings.exec_connect_timeout_seconds)
+        except ApiException as e:
+            if e.status == 0:
+                # The websocket library reports the API server's refusal of the upgrade as
+                # status 0: a 4xx there (403 without the pods/exec verb) is not transient.
+                m = re.search(r"Handshake status (\d{3})", str(e.reason))
+                code = int(m.group(1)) if m else 0
+                if 400 <= code < 500 and code != 429:
+                    raise ApiException(status=code, reason=f"exec {container} in {pod}: {str(e.reason)[-400:]}") from None
+                raise ExecError(f"exec {container} in {pod}: no connection after {time.monotonic() - started:.1f} s: "
+                                f"{e.reason or 'timed out'}") from None
+            raise
+        frame = self.settings.exec_frame_timeout_seconds
+
+        def bounded() -> None:
+            """The socket's timeout for the next frame: the frame limit, within the deadline."""
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ExecError(f"exec {container} in {pod}: no end after {timeout:g} s")
+            resp.sock.settimeout(min(frame, left))
+
         out, err = bytearray(), bytearray()
-        deadline = time.monotonic() + timeout
         try:
             if stdin is not None:
                 view = memoryview(stdin)
                 for i in range(0, len(view), 1 << 20):
+                    bounded()
                     resp.write_stdin(bytes(view[i:i + (1 << 20)]))
+                bounded()
                 resp.close_channel(0)
             while resp.is_open():
-                if time.monotonic() > deadline:
-                    raise ExecError(f"exec {container} in {pod}: no end after {timeout:g} s")
-                resp.update(timeout=1)
+                bounded()
+                resp.update(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
                 if resp.peek_stdout():
                     out += resp.read_stdout()
                 if resp.peek_stderr():
@@ -219,6 +306,9 @@ class Kube:
             code = exit_code(status)
         except ExecError:
             raise
+        except websocket.WebSocketTimeoutException:
+            raise ExecError(f"exec {container} in {pod}: a frame took more than {frame:g} s "
+                            f"(or the exec more than {timeout:g} s)") from None
         except Exception as e:  # websocket errors of every kind: the transfer broke off
             raise ExecError(f"exec {container} in {pod}: {type(e).__name__}: {e}") from None
         finally:

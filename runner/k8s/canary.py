@@ -92,6 +92,19 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
     return out
 
 
+def judge(results: list[Result]) -> str | None:
+    """The first thing wrong with a canary's results, stated for a user, or None."""
+    for r in results:
+        if r.must_open and not r.opened:
+            return f"the provider path failed: {r.name} ({r.target}): {r.detail}"
+    for r in results:
+        if r.opened and not r.must_open:
+            return f"a route opened: {r.name} ({r.target}): {r.detail}"
+    if not any(r.must_open for r in results):
+        return "the canary tried no provider path"
+    return None
+
+
 def encode(rs: list[Route]) -> str:
     """The routes as the canary's argument (base64 of JSON: one plain word); ``main`` reads it."""
     return base64.b64encode(json.dumps([asdict(r) for r in rs], separators=(",", ":")).encode()).decode()

@@ -48,19 +48,6 @@ class Check:
                 **({"problem": self.problem} if self.problem else {})}
 
 
-def judge(results: list[canary.Result]) -> str | None:
-    """The first thing wrong with a canary's results, stated for a user, or None."""
-    for r in results:
-        if r.must_open and not r.opened:
-            return f"the provider path failed: {r.name} ({r.target}): {r.detail}"
-    for r in results:
-        if r.opened and not r.must_open:
-            return f"a route opened: {r.name} ({r.target}): {r.detail}"
-    if not any(r.must_open for r in results):
-        return "the canary tried no provider path"
-    return None
-
-
 @dataclass
 class ConfinementMonitor:
     settings: Settings
@@ -104,7 +91,7 @@ class ConfinementMonitor:
         settled = None
         try:
             results, settled = self._run_canary(number)
-            problem = judge(results)
+            problem = canary.judge(results)
         except Exception as e:  # noqa: BLE001 - a check that cannot finish is a failed check
             results, problem = [], f"the confinement check could not finish: {e}"
         if problem is None:

@@ -7,6 +7,8 @@ order Squid applies them:
 - anything but CONNECT is refused (403): no plain-HTTP fetches, nothing cached, and no
   request Squid would make on the session's behalf;
 - a CONNECT to any port but the provider's is refused;
+- a client (a session pod's address) with more than ``max_client_connections`` connections
+  open is refused, so one session cannot take the proxy's connections from the others;
 - a CONNECT to the provider host is allowed; ``dstdomain`` without a leading dot matches that
   exact name and no subdomain, and ``-n`` stops Squid from trying a reverse lookup when the
   CONNECT names an IP address (else anyone controlling a PTR record could make an address of
@@ -36,6 +38,9 @@ is the refusal above); a throwaway self-signed one is made at each start
 minted for a server, which also keeps Squid from starting its ``security_file_certgen``
 helpers and their on-disk database.
 
+Each tunnel's access-log line names the TLS server name its ClientHello asked for (``sni=``),
+beside the CONNECT target and the upstream address.
+
 The proxy runs non-root on a read-only root filesystem: the PID file, the certificate and
 core dumps go to ``state_dir`` (a writable emptyDir), both logs go to the container's standard
 streams, and there is no cache directory. The ICMP pinger (a setuid helper measuring routes
@@ -52,6 +57,7 @@ import shlex
 STATE_DIR = "/run/squid"
 CONF_PATH = "/etc/squid/squid.conf"
 MAX_FILEDESCRIPTORS = 4096
+MAX_CLIENT_CONNECTIONS = 32  # a CLI keeps a few; more from one session pod is a flood
 
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _DNS_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -65,7 +71,8 @@ def is_dns_name(host: str) -> bool:
 
 
 def squid_conf(provider_host: str, provider_port: int = 443, listen_port: int = 3128, *,
-               listen_address: str | None = None, state_dir: str = STATE_DIR) -> str:
+               listen_address: str | None = None, state_dir: str = STATE_DIR,
+               max_client_connections: int = MAX_CLIENT_CONNECTIONS) -> str:
     """squid.conf for an egress proxy that tunnels TLS to ``provider_host:provider_port`` only.
 
     ``listen_address`` binds one address (tests bind loopback); by default Squid listens on
@@ -77,6 +84,8 @@ def squid_conf(provider_host: str, provider_port: int = 443, listen_port: int = 
     for name, port in (("provider_port", provider_port), ("listen_port", listen_port)):
         if not 0 < port < 65536:
             raise ValueError(f"{name} {port} is not a TCP port")
+    if max_client_connections < 1:
+        raise ValueError(f"max_client_connections {max_client_connections} is not a positive number")
     listen = f"{listen_address}:{listen_port}" if listen_address else str(listen_port)
     return f"""\
 # Egress proxy of probe-runner: CONNECT to {provider_host}:{provider_port} alone, TLS SNI checked.
@@ -85,8 +94,10 @@ http_port {listen} ssl-bump tls-cert={state_dir}/tls.crt tls-key={state_dir}/tls
 acl CONNECT method CONNECT
 acl provider_port port {provider_port}
 acl provider dstdomain -n {provider_host}
+acl flood maxconn {max_client_connections}
 http_access deny !CONNECT
 http_access deny !provider_port
+http_access deny flood
 http_access allow provider
 http_access deny all
 
@@ -102,7 +113,8 @@ visible_hostname egress-proxy
 httpd_suppress_version_string on
 max_filedescriptors {MAX_FILEDESCRIPTORS}
 
-access_log stdio:/dev/stdout
+logformat tunnel %ts.%03tu %6tr %>a %Ss/%03>Hs %<st %rm %ru sni=%ssl::>sni %<a
+access_log stdio:/dev/stdout tunnel
 cache_log /dev/stderr
 logfile_rotate 0
 netdb_filename none

@@ -29,20 +29,21 @@ repeats a session. A disruption (eviction, preemption) is not counted against th
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
-from pydantic import ValidationError
-
-from runner.errors import UserError, format_validation_error
 from runner.k8s import names
 from runner.k8s.manifests import container_security
-from runner.settings import Settings
+from runner.settings import Settings, settings_over
 
 TRANSFORM_COMPONENT = "transform"
 BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
 FINAL_EXIT_CODES = [2, 12]
 SCRATCH = "/tmp"
+# The Job's own name and uid, from the labels the Job controller puts on its pods: the owner of
+# the session pods the controller creates (settings kube.owner_job, kube.owner_uid).
+OWNER_ENV = [{"name": "RUNNER_KUBE__OWNER_JOB", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+             {"name": "RUNNER_KUBE__OWNER_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}}}]
 JOB_LOG_ENV = [{"name": "RUNNER_LOG__FORMAT", "value": "json"}, {"name": "RUNNER_LOG__LEVEL", "value": "info"}]
 
 
@@ -56,39 +57,24 @@ def settings_config_map(instance: str) -> str:
 
 def install_settings(config_map: dict[str, str], local: Settings, where: str = "the settings ConfigMap") -> Settings:
     """The settings an install's Jobs run with: the ``RUNNER_*`` entries of its settings
-    ConfigMap (what the Job's environment will hold) laid over ``local``. ``submit`` builds the
-    Job from these, so the chart's values (image, resources, bucket) are what runs, whatever
-    the submitting workstation has set. Lists and objects are JSON, as in the environment."""
-    merged = local.model_dump()
-    for key, value in config_map.items():
-        if not key.startswith("RUNNER_"):
-            continue
-        *path, leaf = key.removeprefix("RUNNER_").lower().split("__")
-        node = merged
-        for part in path:
-            node = node.setdefault(part, {})
-        try:
-            node[leaf] = json.loads(value) if value.startswith(("[", "{")) else value
-        except ValueError:
-            raise UserError(f"{where}: {key} is not JSON: {value[:80]}") from None
-    try:
-        return Settings(**merged)
-    except ValidationError as e:
-        raise UserError(format_validation_error(where, e)) from None
+    ConfigMap (what the Job's environment will hold) laid over ``local``, read as the Job's
+    environment will be. ``submit`` builds the Job from these, so the chart's values (image,
+    resources, bucket) are what runs, whatever the submitting workstation has set."""
+    return settings_over(local, config_map, where)
 
 
 def job_name(campaign: str, action: str = "controller") -> str:
     return names.object_name(action, campaign)
 
 
-def controller_job(settings: Settings, campaign: str) -> dict:
+def controller_job(settings: Settings, campaign: str) -> dict[str, Any]:
     """The Job that runs every session of ``campaign`` as pods, then the transform."""
     return _runner_job(settings, campaign, "controller", names.CONTROLLER_COMPONENT,
                        ["probe-runner", "controller", "--campaign", campaign], api_access=True)
 
 
-def transform_job(settings: Settings, campaign: str) -> dict:
-    """The transform-and-intake job alone (``probe-runner transform C``), for a campaign whose
+def transform_job(settings: Settings, campaign: str) -> dict[str, Any]:
+    """The transform Job alone (``probe-runner transform C``), for a campaign whose
     sessions changed after its controller ended (``ledger cancel``, ``ledger resume``). It
     reads and writes only the bucket, so it mounts no API token; it keeps the controller's
     ServiceAccount for bucket access granted to it (IRSA)."""
@@ -97,14 +83,14 @@ def transform_job(settings: Settings, campaign: str) -> dict:
 
 
 def _runner_job(settings: Settings, campaign: str, action: str, component: str, command: list[str],
-                api_access: bool) -> dict:
+                api_access: bool) -> dict[str, Any]:
     k = settings.kube
     r = k.controller_resources
     labels = {**names.component_labels(k.instance, component), names.CAMPAIGN: names.label_value(campaign)}
-    env_from: list[dict] = [{"configMapRef": {"name": settings_config_map(k.instance)}}]
+    env_from: list[dict[str, Any]] = [{"configMapRef": {"name": settings_config_map(k.instance)}}]
     if k.store_secret:
         env_from.append({"secretRef": {"name": k.store_secret}})
-    pod_spec: dict = {
+    pod_spec: dict[str, Any] = {
         "serviceAccountName": controller_service_account(k.instance),
         "automountServiceAccountToken": api_access,  # only the controller talks to the API server
         "enableServiceLinks": False,
@@ -123,7 +109,7 @@ def _runner_job(settings: Settings, campaign: str, action: str, component: str, 
             "envFrom": env_from,
             # Scratch (sealed workspaces, the corpus, stream spools) on the one writable volume;
             # diagnostics as JSON lines naming each session, for the cluster's log collector.
-            "env": [{"name": "TMPDIR", "value": SCRATCH}, *JOB_LOG_ENV],
+            "env": [{"name": "TMPDIR", "value": SCRATCH}, *JOB_LOG_ENV, *(OWNER_ENV if api_access else [])],
             "resources": {
                 "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
                 "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},

@@ -21,6 +21,9 @@ Layout, and why each part is there:
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from runner import harness
 from runner.k8s import names
 from runner.plan import Plan
@@ -38,11 +41,34 @@ POD_MODULE = ["python3", "-m", "runner.entrypoints.pod"]
 READER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
 
 
-def pod_name(campaign: str, probe: str, session: str, attempt: int) -> str:
-    return names.object_name(campaign, probe, session, attempt)
+# A session cannot move: evicting its pod ends it and may lose what it spent. Cluster
+# autoscalers and Karpenter consolidate nodes by evicting pods, and respect these.
+NOT_EVICTABLE = {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true"}
 
 
-def container_security(uid: int | None = None) -> dict:
+def pod_name(instance: str, campaign: str, probe: str, session: str, attempt: int) -> str:
+    """The install is part of the name: two installs in one namespace never share a pod."""
+    return names.object_name(instance, campaign, probe, session, attempt)
+
+
+def session_deadline(settings: Settings) -> int:
+    """activeDeadlineSeconds of a session pod, and when its reader gives up: start, the
+    session's time limit, then collection. Past it no controller can still be collecting, so a
+    pod whose controller is gone does not run on with the credentials mounted."""
+    k = settings.kube
+    return math.ceil(k.start_timeout_seconds + settings.harness.timeout_seconds + k.collect_margin_seconds)
+
+
+def _owned(k: KubeSettings) -> dict[str, Any]:
+    """ownerReferences to the campaign's controller Job where it is known, so deleting the Job
+    (by hand, or its TTL) deletes its pods. Not the controller reference: the Job controller
+    must not count session pods as its own."""
+    if not (k.owner_job and k.owner_uid):
+        return {}
+    return {"ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": k.owner_job, "uid": k.owner_uid}]}
+
+
+def container_security(uid: int | None = None) -> dict[str, Any]:
     """The securityContext of every container we run (session pods, campaign and transform Jobs);
     ``uid`` where the container's user is not the pod's."""
     return {
@@ -56,11 +82,11 @@ def container_security(uid: int | None = None) -> dict:
     }
 
 
-def _env(pairs: dict[str, str]) -> list[dict]:
+def _env(pairs: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in pairs.items()]
 
 
-def _provider_ca_volumes(k: KubeSettings) -> list[dict]:
+def _provider_ca_volumes(k: KubeSettings) -> list[dict[str, Any]]:
     """The chart's provider.caBundle ConfigMap as a volume, where there is one (harness and canary)."""
     if not k.provider_ca_configmap:
         return []
@@ -68,14 +94,14 @@ def _provider_ca_volumes(k: KubeSettings) -> list[dict]:
         "name": k.provider_ca_configmap, "defaultMode": 0o444, "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]
 
 
-def _provider_ca_mounts(k: KubeSettings) -> list[dict]:
+def _provider_ca_mounts(k: KubeSettings) -> list[dict[str, Any]]:
     return [{"name": "provider-ca", "mountPath": PROVIDER_CA_DIR, "readOnly": True}] if k.provider_ca_configmap else []
 
 
-def _placement(k: KubeSettings) -> dict:
+def _placement(k: KubeSettings) -> dict[str, Any]:
     """Where a session's pod may run (runtime class, node selector, tolerations, pull secrets):
     the session pod and its canary, so the canary measures the nodes sessions run on."""
-    spec: dict = {}
+    spec: dict[str, Any] = {}
     if k.runtime_class:
         spec["runtimeClassName"] = k.runtime_class
     if k.node_selector:
@@ -84,6 +110,8 @@ def _placement(k: KubeSettings) -> dict:
         spec["tolerations"] = [dict(t) for t in k.tolerations]
     if k.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": n} for n in k.image_pull_secrets]
+    if k.priority_class:
+        spec["priorityClassName"] = k.priority_class
     return spec
 
 
@@ -92,7 +120,7 @@ def harness_args(plan: Plan, settings: Settings) -> list[str]:
     return [HARNESS_EXECUTABLE, *harness.flags(plan, settings)]
 
 
-def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict]:
+def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict[str, Any]]:
     """``proxy_url`` is the egress proxy by address (runner.k8s.policy.session_proxy_url): the
     pod may send no DNS query, so a Service name would not resolve."""
     k = settings.kube
@@ -123,7 +151,7 @@ def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict]:
 
 
 def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str,
-                proxy_url: str) -> dict:
+                proxy_url: str) -> dict[str, Any]:
     """The pod of one session attempt; ``proxy_url`` as for ``harness_env``."""
     k = settings.kube
     r = k.resources
@@ -133,9 +161,9 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
         {"name": "config", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
         {"name": "tmp", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}},
         {"name": "socket", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-        {"name": "capture", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}},
+        {"name": "capture", "emptyDir": {"sizeLimit": k.capture_size_limit}},
     ]
-    harness_mounts = [
+    harness_mounts: list[dict[str, Any]] = [
         {"name": "workspace", "mountPath": WORKSPACE},
         {"name": "config", "mountPath": CONFIG_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
@@ -148,8 +176,10 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
             "secretName": k.credentials_secret, "optional": True, "defaultMode": 0o400,
             "items": [{"key": "credentials.json", "path": "credentials.json"}]}})
         harness_mounts.append({"name": "credentials", "mountPath": SECRET_DIR, "readOnly": True})
-    spec: dict = {
+    spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "activeDeadlineSeconds": session_deadline(settings),
+        "serviceAccountName": names.session_service_account(k.instance),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "shareProcessNamespace": False,
@@ -173,6 +203,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                     "PROBE_SOCKET_DIR": SOCKET_DIR,
                     "PROBE_WORKSPACE": WORKSPACE,
                     "PROBE_HARNESS_UID": str(k.harness_uid),
+                    "PROBE_DEADLINE_SECONDS": str(session_deadline(settings)),
                 }),
                 "resources": READER_RESOURCES,
                 "securityContext": container_security(k.reader_uid),
@@ -212,14 +243,16 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(plan.campaign, probe, session, attempt),
+            "name": pod_name(k.instance, plan.campaign, probe, session, attempt),
             "namespace": k.namespace,
+            **_owned(k),
             "labels": labels,
             "annotations": {
                 names.CAMPAIGN: plan.campaign,
                 names.PROBE: probe,
                 names.SESSION: session,
                 names.ATTEMPT: str(attempt),
+                **NOT_EVICTABLE,
             },
         },
         "spec": spec,
@@ -229,7 +262,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
 CANARY_PROBE = "canary"  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
 
 
-def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, proxy_url: str) -> dict:
+def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, proxy_url: str) -> dict[str, Any]:
     """The confinement canary of check number ``check`` (runner/k8s/canary.py): a session pod's
     labels, image, uid, security context and proxy, running the canary instead of the harness,
     bounded by ``activeDeadlineSeconds``; ``routes_b64`` is ``runner.k8s.canary.encode`` of its routes.
@@ -237,9 +270,10 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, p
     k = settings.kube
     volumes, mounts = _provider_ca_volumes(k), _provider_ca_mounts(k)
     args = [routes_b64, *([f"{PROVIDER_CA_DIR}/ca.crt"] if k.provider_ca_configmap else [])]
-    spec: dict = {
+    spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": 120,
+        "serviceAccountName": names.session_service_account(k.instance),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 0,
@@ -264,8 +298,9 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, p
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": names.object_name(campaign, CANARY_PROBE, check),
+            "name": names.object_name(k.instance, campaign, CANARY_PROBE, check),
             "namespace": k.namespace,
+            **_owned(k),
             "labels": names.session_labels(k.instance, campaign, CANARY_PROBE, f"check-{check}", 1),
             "annotations": {names.CAMPAIGN: campaign, names.CANARY: str(check)},
         },

@@ -54,6 +54,11 @@ def label_value(value: str | int) -> str:
     return v.strip("-_.") or object_name(value)
 
 
+def session_service_account(instance: str) -> str:
+    """The session pods' own ServiceAccount: nothing is bound to it and it mounts no token."""
+    return f"{instance}-session"
+
+
 def session_labels(instance: str, campaign: str, probe: str, session: str, attempt: int) -> dict[str, str]:
     return {
         **component_labels(instance, SESSION_COMPONENT),

@@ -8,35 +8,38 @@ is recorded as interrupted, never retried by itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 NEVER_STARTED_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
                          "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 
 
-def _status(pod: dict, container: str) -> dict | None:
+def _status(pod: dict[str, Any], container: str) -> dict[str, Any] | None:
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") == container:
-            return cs
+            found: dict[str, Any] = cs
+            return found
     return None
 
 
-def running(pod: dict, container: str) -> bool:
+def running(pod: dict[str, Any], container: str) -> bool:
     cs = _status(pod, container)
     return bool(cs and (cs.get("state") or {}).get("running") is not None)
 
 
-def terminated(pod: dict, container: str) -> dict | None:
+def terminated(pod: dict[str, Any], container: str) -> dict[str, Any] | None:
     cs = _status(pod, container)
     return (cs.get("state") or {}).get("terminated") if cs else None
 
 
-def image_id(pod: dict, container: str) -> str | None:
+def image_id(pod: dict[str, Any], container: str) -> str | None:
     """The digest the runtime ran ``container`` from (status ``imageID``, e.g.
     ``docker.io/x@sha256:...`` or ``sha256:...``): the tag in the spec can move, this cannot."""
     cs = _status(pod, container)
     return (cs or {}).get("imageID") or None
 
 
-def never_started(pod: dict) -> str | None:
+def never_started(pod: dict[str, Any]) -> str | None:
     """Why the pod cannot start (an image or configuration error), or None."""
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         waiting = (cs.get("state") or {}).get("waiting") or {}
@@ -45,14 +48,28 @@ def never_started(pod: dict) -> str | None:
     return None
 
 
-def unschedulable(pod: dict) -> str | None:
+def waiting(pod: dict[str, Any] | None) -> str:
+    """Why a pod that is not running yet waits, as the scheduler and the kubelet say it."""
+    if pod is None:
+        return "creating the pod"
+    said = unschedulable(pod) or never_started(pod)
+    if said:
+        return said
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        w = (cs.get("state") or {}).get("waiting") or {}
+        if w.get("reason"):
+            return f"{cs.get('name')}: {w['reason']}: {w.get('message', '')}".rstrip(": ")
+    return "scheduled, starting" if (pod.get("spec") or {}).get("nodeName") else "waiting to be scheduled"
+
+
+def unschedulable(pod: dict[str, Any]) -> str | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return f"unschedulable: {cond.get('message') or cond.get('reason')}"
     return None
 
 
-def lost(pod: dict | None) -> str | None:
+def lost(pod: dict[str, Any] | None) -> str | None:
     """Why a pod whose harness may have started can no longer finish, or None."""
     if pod is None:
         return "the pod was deleted"

@@ -15,6 +15,7 @@ checks the namespace against them.
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 from urllib.parse import urlsplit
 
 from runner.errors import UserError
@@ -111,7 +112,7 @@ def own_policy_names(settings: Settings) -> set[str]:
     return {_policy_name(settings, names.SESSION_COMPONENT), _policy_name(settings, names.PROXY_COMPONENT)}
 
 
-def session_network_policy(settings: Settings) -> dict:
+def session_network_policy(settings: Settings) -> dict[str, Any]:
     """Session pods: no ingress at all (exec and logs come through the kubelet, not the pod
     network), egress only to the proxy pods on the proxy port, so no DNS either."""
     k = settings.kube
@@ -131,10 +132,12 @@ def session_network_policy(settings: Settings) -> dict:
     }
 
 
-def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) -> dict:
+def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) -> dict[str, Any]:
     """Proxy pods: ingress only from session pods on the proxy port; egress to TCP on the
-    provider port at any address (Squid allows the provider host alone; its addresses are not
-    known here and change) plus DNS over UDP and TCP to resolve it.
+    provider port at the public internet's addresses (kube.provider_ip_blocks: Squid allows the
+    provider host alone, and its addresses are not known here and change, but no pod, node or
+    metadata address is reachable even so) plus DNS over UDP and TCP to the cluster's DNS pods
+    alone, to resolve it.
 
     With ``egress_by_cilium`` the policy isolates ingress only and leaves egress to
     ``cilium_fqdn_policy``: allow rules add up, so an any-address rule here would make the
@@ -143,7 +146,7 @@ def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) 
     """
     k = settings.kube
     _, proxy_port = proxy_endpoint(settings)
-    spec: dict = {
+    spec: dict[str, Any] = {
         "podSelector": {"matchLabels": names.selector(k.instance, names.PROXY_COMPONENT)},
         "policyTypes": ["Ingress"] if egress_by_cilium else ["Ingress", "Egress"],
         "ingress": [{
@@ -154,8 +157,10 @@ def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) 
     if not egress_by_cilium:
         _, provider_port = provider_endpoint(settings)
         spec["egress"] = [
-            {"ports": [{"protocol": "TCP", "port": provider_port}]},
-            {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+            {"to": [b.policy() for b in k.provider_ip_blocks], "ports": [{"protocol": "TCP", "port": provider_port}]},
+            {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": k.dns_namespace}},
+                     "podSelector": {"matchLabels": dict(k.dns_pod_labels)}}],
+             "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
         ]
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -165,7 +170,7 @@ def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) 
     }
 
 
-def cilium_fqdn_policy(settings: Settings) -> dict:
+def cilium_fqdn_policy(settings: Settings) -> dict[str, Any]:
     """Cilium alternative for the proxy pods' egress: the provider port only at the addresses
     the provider host resolved to. ``toFQDNs`` learns those addresses from the pods' DNS
     answers, so DNS must pass Cilium's DNS proxy: the rule on port 53 with ``matchPattern:
@@ -195,7 +200,7 @@ def cilium_fqdn_policy(settings: Settings) -> dict:
     }
 
 
-def foreign_policies_selecting(policies: list[dict], labels: dict[str, str], own: set[str]) -> list[str]:
+def foreign_policies_selecting(policies: list[dict[str, Any]], labels: dict[str, str], own: set[str]) -> list[str]:
     """Names, sorted, of the NetworkPolicies (API dicts, camelCase) other than ``own`` that
     select a pod labelled ``labels`` and allow anything for it.
 
@@ -215,14 +220,14 @@ def foreign_policies_selecting(policies: list[dict], labels: dict[str, str], own
     )
 
 
-def _allows_something(spec: dict) -> bool:
+def _allows_something(spec: dict[str, Any]) -> bool:
     """Whether a policy has an allow rule in force. Without policyTypes the API assumes
     Ingress always and Egress when there are egress rules."""
     types = spec.get("policyTypes") or ["Ingress", *(["Egress"] if spec.get("egress") else [])]
     return ("Ingress" in types and bool(spec.get("ingress"))) or ("Egress" in types and bool(spec.get("egress")))
 
 
-def _selects(selector: dict, labels: dict[str, str]) -> bool:
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
     """LabelSelector semantics (an empty selector selects every pod), per-session labels as
     wildcards."""
     wild = PER_SESSION_LABELS & labels.keys()
@@ -252,7 +257,7 @@ def _policy_name(settings: Settings, component: str) -> str:
     return names.object_name(settings.kube.instance, component, "policy")
 
 
-def _metadata(settings: Settings, name: str, component: str) -> dict:
+def _metadata(settings: Settings, name: str, component: str) -> dict[str, Any]:
     k = settings.kube
     return {"name": name, "namespace": k.namespace, "labels": names.component_labels(k.instance, component)}
 

@@ -28,7 +28,6 @@ import boto3
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import ws_client
 from kubernetes.stream.stream import _websocket_request
 
 import runner.k8s.api as k8s_api
@@ -80,11 +79,11 @@ class RecordingClient(client.ApiClient):
 
 
 def recording_stream(seen: set):
-    """kubernetes.stream.stream, noting the exec requests it opens: a websocket upgrade is a
-    GET that the API server authorises as both get and create of pods/exec."""
+    """The product's exec transport (runner.k8s.api), noting the exec requests it opens: a
+    websocket upgrade is a GET that the API server authorises as both get and create of pods/exec."""
     def websocket_call(configuration, method, url, **kwargs):
         seen.update({_resource_verb(method, url), ("pods/exec", "create")})
-        return ws_client.websocket_call(configuration, method, url, **kwargs)
+        return k8s_api._bounded_websocket_call(configuration, method, url, **kwargs)
     return functools.partial(_websocket_request, websocket_call, None)
 
 
@@ -119,7 +118,7 @@ def install(kube_cluster, bucket):
         "provider.credentialsSecret=provider", "bucket.store=s3://probes/campaigns", f"bucket.endpoint={endpoint}",
         "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "egressProxy.replicas=1",
         # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
-        "session.canary.enabled=false"))
+        "session.canary.enabled=false"), extra=("--skip-tests",))  # helm install does not install its test pod either
     kube_cluster.add_nodes(3, prefix=f"chart-{uid}")
     kube_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
@@ -233,8 +232,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
         monkeypatch.setenv(k, v)
     seen: set[tuple[str, str]] = set()
     monkeypatch.setattr(k8s_api, "load_api_client", lambda settings: RecordingClient(controller_identity, seen))
-    monkeypatch.setattr(k8s_api.Kube, "_clone", staticmethod(lambda api: RecordingClient(controller_identity, seen)))
-    monkeypatch.setattr(k8s_api, "k8s_stream", recording_stream(seen))
+    monkeypatch.setattr(k8s_api, "_exec_stream", recording_stream(seen))
     real = sim_root / "shared" / "real.jsonl"
     real.write_bytes(REAL_STREAM.read_bytes())
     real.chmod(0o644)
@@ -325,3 +323,127 @@ def test_the_controller_identity_is_denied_what_the_role_does_not_grant(kube_clu
     # ...while what it needs is allowed (the same client, the same token).
     assert core.read_namespaced_service(f"{release}-egress-proxy", namespace).spec.cluster_ip
     client.CoreV1Api(kube_cluster.api_client()).delete_namespace(other, propagation_policy="Background")
+
+
+def test_deleting_the_controller_job_deletes_its_session_pods(kube_cluster, install, controller_identity):
+    """A campaign's pods must not outlive its Job: before, session pods carried no
+    ownerReferences, so deleting the Job (by hand, or its TTL) left them running with the
+    credentials mounted. The controller learns its Job from its pod's labels (the downward
+    API of jobs.OWNER_ENV) and owns each pod by it; the real garbage collector does the rest.
+    A pod made as before (no ownerReferences) is the control: it stays."""
+    from runner.k8s import manifests
+
+    namespace, release, objs = install
+    admin = client.CoreV1Api(kube_cluster.api_client())
+    campaign = f"owned-{secrets.token_hex(3)}"
+    settings = chart.settings_of(objs, release)
+    job = client.BatchV1Api(kube_cluster.api_client()).create_namespaced_job(namespace, jobs.controller_job(settings, campaign))
+    deadline = time.monotonic() + 60
+    while not (job_pods := admin.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job.metadata.name}").items):
+        assert time.monotonic() < deadline, "the Job controller made no pod"
+        time.sleep(0.2)
+    labels = job_pods[0].metadata.labels
+    # what RUNNER_KUBE__OWNER_JOB and RUNNER_KUBE__OWNER_UID read through the downward API
+    owner = {"owner_job": labels["batch.kubernetes.io/job-name"], "owner_uid": labels["batch.kubernetes.io/controller-uid"]}
+    assert owner == {"owner_job": job.metadata.name, "owner_uid": job.metadata.uid}
+    owned = settings.model_copy(update={"kube": settings.kube.model_copy(update=owner)})
+    plan = demo_plan(campaign)
+    as_controller = client.CoreV1Api(client.ApiClient(controller_identity))
+    session = manifests.session_pod(owned, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
+    canary = manifests.canary_pod(owned, campaign, 1, "e30=", "http://10.96.0.10:3128")
+    before = manifests.session_pod(settings, plan, plan.probes[0].id, "present-002", 1, "task", "http://10.96.0.10:3128")
+    assert "ownerReferences" not in before["metadata"]
+    for pod in (session, canary, before):
+        as_controller.create_namespaced_pod(namespace, pod)  # the Role allows owning pods by the Job
+    client.BatchV1Api(kube_cluster.api_client()).delete_namespaced_job(job.metadata.name, namespace,
+                                                                       propagation_policy="Background")
+    gone = {session["metadata"]["name"], canary["metadata"]["name"]}
+    deadline = time.monotonic() + 90
+    while gone & {p.metadata.name for p in admin.list_namespaced_pod(namespace).items}:
+        assert time.monotonic() < deadline, f"still there after the Job was deleted: {sorted(gone)}"
+        time.sleep(0.5)
+    left = admin.read_namespaced_pod(before["metadata"]["name"], namespace)  # the control: nothing owns it
+    assert left.metadata.deletion_timestamp is None
+    admin.delete_namespaced_pod(before["metadata"]["name"], namespace, grace_period_seconds=0)
+
+
+def demo_plan(campaign: str):
+    from runner.plan import parse_plan
+
+    data = json.loads(demo.PLAN.read_text())
+    data.update(campaign=campaign, repetitions=1)
+    return parse_plan(data, "plan")
+
+
+def test_helm_uninstall_keeps_the_session_policy(kube_cluster):
+    """A session pod may still run when the chart is uninstalled; before, `helm uninstall` took
+    its NetworkPolicy with it and left the pod with open network. The real helm against the real
+    API server: everything else goes, the session policy stays, and a reinstall adopts it."""
+    uid = secrets.token_hex(3)
+    namespace, release = kube_cluster.create_namespace(f"uninstall-{uid}"), f"u-{uid}"
+    kubeconfig = ("--kubeconfig", str(kube_cluster.kubeconfig), "-n", namespace)
+    install = ("install", release, str(chart.CHART), *kubeconfig, "--set", "bucket.store=s3://probes/campaigns",
+               "--set", "session.canary.enabled=false")
+    chart.helm(*install)
+    net = client.NetworkingV1Api(kube_cluster.api_client())
+    policy = names.object_name(release, "session", "policy")
+    assert policy in {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
+    chart.helm("uninstall", release, *kubeconfig, "--wait", "--timeout", "60s")
+    left = {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
+    assert left == {policy}  # the proxy's and the Jobs' policies went with the release
+    sas = {s.metadata.name for s in client.CoreV1Api(kube_cluster.api_client()).list_namespaced_service_account(namespace).items}
+    assert f"{release}-controller" not in sas and f"{release}-session" not in sas
+    chart.helm(*install)  # adopted, not refused as an object Helm does not own
+    chart.helm("uninstall", release, *kubeconfig)
+    client.CoreV1Api(kube_cluster.api_client()).delete_namespace(namespace, propagation_policy="Background")
+
+
+def test_the_controller_identity_may_create_only_session_pods(kube_cluster, install, controller_identity):
+    """RBAC's pods/create let the controller's identity run a pod of any shape; the namespace's
+    restricted Pod Security Standard still admits a pod under another ServiceAccount, with a
+    token, another image, or another Secret in its environment. The chart's
+    ValidatingAdmissionPolicy, bound to that identity, refuses each of them; the session
+    template's pods still pass (the campaign test above runs every session through it)."""
+    import copy
+
+    from runner.k8s import manifests
+
+    namespace, release, objs = install
+    settings = chart.settings_of(objs, release)
+    plan = demo_plan(f"vap-{secrets.token_hex(3)}")
+    good = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
+    as_controller = client.CoreV1Api(client.ApiClient(controller_identity))
+
+    def harness(p: dict) -> dict:
+        return p["spec"]["containers"][1]
+
+    variants = {
+        "another ServiceAccount": lambda p: p["spec"].update(serviceAccountName="default"),
+        "a token": lambda p: p["spec"].update(automountServiceAccountToken=True),
+        "another image": lambda p: harness(p).update(image="docker.io/library/busybox:1.36"),
+        "the bucket Secret in its environment": lambda p: harness(p)["env"].append(
+            {"name": "STOLEN", "valueFrom": {"secretKeyRef": {"name": "bucket", "key": "AWS_SECRET_ACCESS_KEY"}}}),
+        "the bucket Secret as a volume": lambda p: p["spec"]["volumes"].append(
+            {"name": "stolen", "secret": {"secretName": "bucket"}}),
+        "another component's labels": lambda p: p["metadata"]["labels"].update({"app.kubernetes.io/component": "other"}),
+    }
+    for i, (what, change) in enumerate(variants.items()):
+        pod = copy.deepcopy(good)
+        pod["metadata"]["name"] = f"vap-{i}-{secrets.token_hex(2)}"
+        change(pod)
+        deadline = time.monotonic() + 30  # a new policy is enforced once the API server has loaded it
+        while True:
+            try:
+                as_controller.create_namespaced_pod(namespace, pod)
+            except ApiException as e:
+                assert e.status in (403, 422) and "ValidatingAdmissionPolicy" in e.body, f"{what}: {e.status} {e.body}"
+                break
+            client.CoreV1Api(kube_cluster.api_client()).delete_namespaced_pod(pod["metadata"]["name"], namespace,
+                                                                             grace_period_seconds=0)
+            assert time.monotonic() < deadline, f"{what}: admitted"
+            pod["metadata"]["name"] += "x"
+            time.sleep(1)
+    good["metadata"]["name"] = f"vap-good-{secrets.token_hex(2)}"
+    as_controller.create_namespaced_pod(namespace, good)  # the template's own shape passes
+    client.CoreV1Api(kube_cluster.api_client()).delete_namespaced_pod(good["metadata"]["name"], namespace,
+                                                                     grace_period_seconds=0)

@@ -5,6 +5,7 @@ pods are simulated by KWOK, which serves logs from files and runs exec on this h
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,9 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL
+
+sys.path.insert(0, str(Path(__file__).parent))
+from relay import Relay  # noqa: E402
 
 # ``kube_cluster`` is a conftest.KubeCluster; it is not imported (conftest modules of several
 # test directories share the module name "conftest"), its helpers are reached through it.
@@ -246,3 +250,27 @@ def test_api_server_rejects_invalid_objects(core: client.CoreV1Api, namespace: s
     with pytest.raises(ApiException) as missing:
         core.read_namespaced_pod("does-not-exist", namespace)
     assert missing.value.status == 404
+
+
+def test_an_exec_whose_server_stops_mid_frame_ends_at_the_frame_limit(kube_cluster, core: client.CoreV1Api,
+                                                                       nodes: list[str], namespace: str, tmp_path: Path):
+    """Before, a frame cut off part-way blocked the read for ever (the exec's socket had no
+    timeout and its deadline was checked only between frames): one such exec froze its session
+    and, under the process-wide connect lock, every other. Now it fails at the frame limit and
+    is retried as any broken transfer."""
+    from runner.k8s.api import ExecError, Kube
+    from runner.settings import KubeSettings
+
+    _run_pod(core, namespace, "stall")
+    kube_cluster.serve_exec("stall", namespace, tmp_path, env={})
+    host, port = kube_cluster.server.removeprefix("https://").rsplit(":", 1)
+    relay = Relay((host, int(port)), stall_after=70_001)  # past the upgrade, inside the output's frames
+    admin = kube_cluster.api_client().configuration
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert, cfg.verify_ssl = f"https://127.0.0.1:{relay.port}", admin.ssl_ca_cert, admin.verify_ssl
+    cfg.cert_file, cfg.key_file, cfg.api_key = admin.cert_file, admin.key_file, admin.api_key
+    kube = Kube(KubeSettings(namespace=namespace, exec_frame_timeout_seconds=2), api_client=client.ApiClient(cfg))
+    started = time.monotonic()
+    with pytest.raises(ExecError, match="a frame took more than 2 s"):
+        kube.exec("stall", "main", ["head", "-c", "4000000", "/dev/zero"], timeout=120)
+    assert relay.stalled.is_set() and time.monotonic() - started < 30

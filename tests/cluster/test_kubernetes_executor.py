@@ -10,7 +10,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from runner.settings import load_settings
 from runner.store import open_store
 
 sys.path.insert(0, str(Path(__file__).parent))
+from relay import Relay  # noqa: E402
 from simnode import SimNode  # noqa: E402
 
 REAL_STREAM = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
@@ -52,9 +52,16 @@ def namespace(kube_cluster):
     """A namespace with the provider credentials Secret the chart's values name."""
     name = kube_cluster.create_namespace(f"exec-{_uid()}")
     kube_cluster.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": name},
-                         "stringData": {"api-key": "demo-key"}}, proxy_service(name)])
+                         "stringData": {"api-key": "demo-key"}}, *install_objects(name)])
     yield name
     client.CoreV1Api(kube_cluster.api_client()).delete_namespace(name, propagation_policy="Background")
+
+
+def install_objects(namespace: str) -> list[dict]:
+    """What the chart installs that session pods need here: the egress proxy's Service and the
+    session pods' own ServiceAccount (a pod naming a missing one is not admitted)."""
+    return [proxy_service(namespace), {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+                                       "metadata": {"name": names.session_service_account("probe-runner"), "namespace": namespace}}]
 
 
 def proxy_service(namespace: str) -> dict:
@@ -252,8 +259,13 @@ def test_controller_killed_and_restarted_creates_no_session_twice(kube_cluster, 
 
 def test_pod_deleted_mid_stream_is_interrupted_and_keeps_what_arrived(kube_cluster, nodes, namespace, sim_root, shared,
                                                                      tmp_path):
+    """The pod goes (as on an eviction: its volumes with it) seconds after the harness wrote its
+    first lines. Before, the stream was fetched only after the harness's end, so nothing of it
+    was left; now it is followed while the session runs (every kube.stream_poll_seconds) and
+    what arrived is kept, never presented as the stream."""
     store_uri = (tmp_path / "store").as_uri()
-    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k"))
+    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                              RUNNER_KUBE__STREAM_POLL_SECONDS="0.3"))
     plan = _plan(f"deleted-{_uid()}", 1)
     first_lines = shared / "head.jsonl"
     first_lines.write_bytes(b"".join(REAL_STREAM.read_bytes().splitlines(keepends=True)[:3]))
@@ -267,7 +279,7 @@ def test_pod_deleted_mid_stream_is_interrupted_and_keeps_what_arrived(kube_clust
             while time.monotonic() < deadline:
                 live = [p for p in sim.pods.values() if p.harness_started]
                 if live:
-                    time.sleep(1.0)
+                    time.sleep(3.0)  # the session runs on: its first lines are out, several polls passed
                     core.delete_namespaced_pod(live[0].name, namespace, grace_period_seconds=0)
                     return
                 time.sleep(0.1)
@@ -284,53 +296,9 @@ def test_pod_deleted_mid_stream_is_interrupted_and_keeps_what_arrived(kube_clust
     assert state.status == "interrupted"
     assert "deleted" in state.detail["reason"]
     kept = state.detail.get("partial_stream")
-    if kept is not None:  # what the reader had when the pod went: never presented as the stream
-        assert store.get(kept["key"]) == first_lines.read_bytes()[:kept["bytes"]]
+    assert kept is not None, state.detail  # what the reader had when the pod went: never presented as the stream
+    assert store.get(kept["key"]) == first_lines.read_bytes()
     assert not store.exists(f"campaigns/{plan.campaign}/sessions/{state.key}/stream.jsonl")
-
-
-class CuttingProxy:
-    """A TCP relay to the API server that cuts the first connection to carry more than
-    ``cut_after`` bytes towards the client: a transfer dropped mid-stream, for real."""
-
-    def __init__(self, target: tuple[str, int], cut_after: int):
-        self.target, self.cut_after = target, cut_after
-        self.cuts = 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._relay, args=(c,), daemon=True).start()
-
-    def _relay(self, c: socket.socket) -> None:
-        u = socket.create_connection(self.target)
-        up = threading.Thread(target=self._pipe, args=(c, u, False), daemon=True)
-        up.start()
-        self._pipe(u, c, True)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, count: bool) -> None:
-        sent = 0
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-                sent += len(data)
-                if count and sent > self.cut_after and self.cuts == 0:
-                    self.cuts += 1
-                    break
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
 
 
 def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, nodes, namespace, sim_root, shared,
@@ -346,7 +314,7 @@ def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, no
     want = "sha256:" + hashlib.sha256(big.read_bytes()).hexdigest()
     server = kube_cluster.server.removeprefix("https://")
     host, port = server.rsplit(":", 1)
-    proxy = CuttingProxy((host, int(port)), cut_after=3 * 1024 * 1024)  # inside the first 4 MiB transfer
+    proxy = Relay((host, int(port)), cut_after=3 * 1024 * 1024)  # inside the first 4 MiB transfer
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(Path(kube_cluster.kubeconfig).read_text().replace(server, f"127.0.0.1:{proxy.port}"))
     store_uri = (tmp_path / "store").as_uri()
@@ -394,6 +362,38 @@ def test_unschedulable_session_never_starts_is_cleaned_up_and_stays_runnable(kub
     (state,) = Ledger(open_store(store_uri), data["campaign"]).sessions().values()
     assert state.status == "intended" and not state.started
     _wait_no_pods(kube_cluster, namespace)
+    # `status` says why it waits, in the scheduler's words (before: only "pending" counts).
+    status = subprocess.run([sys.executable, "-m", "runner", "status", data["campaign"]], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert "1 waiting: did not start: not running after 2 s: unschedulable: 0/" in status.stdout, status.stdout
+    assert "didn't match Pod's node affinity/selector" in status.stdout, status.stdout
+
+
+def test_a_session_the_namespace_quota_refuses_waits_and_says_so(kube_cluster, nodes, namespace, sim_root, shared,
+                                                                 real_stream, tmp_path):
+    """A ResourceQuota that admits no more pods is a wait, not a failure: before, the 403 from
+    pod creation ended the session as an error. It is retried until the start timeout, then
+    the session stays intended (nothing was spent), and `status` names the quota."""
+    client.CoreV1Api(kube_cluster.api_client()).create_namespaced_resource_quota(namespace, {
+        "metadata": {"name": "no-more-pods"}, "spec": {"hard": {"pods": "0"}}})
+    store_uri = (tmp_path / "store").as_uri()
+    env = {**os.environ, **_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                                RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"), RUNNER_KUBE__START_TIMEOUT_SECONDS="6")}
+    data = json.loads(demo.PLAN.read_text())
+    data.update(campaign=f"quota-{_uid()}", arms=["present"], repetitions=1, probes=data["probes"][:1])
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data))
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream), harness_binds=(str(shared),)):
+        proc = subprocess.run([sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS),
+                               "--executor", "kubernetes"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "not started: 1 session(s)" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    (state,) = Ledger(open_store(store_uri), data["campaign"]).sessions().values()
+    assert state.status == "intended" and not state.started
+    status = subprocess.run([sys.executable, "-m", "runner", "status", data["campaign"], "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    (why,) = json.loads(status.stdout)["waiting"].values()
+    assert why["reason"].startswith("did not start: the namespace's quota refused the pod") and "exceeded quota" in why["reason"]
 
 
 def test_builders_policies_are_accepted_and_a_foreign_allow_policy_refuses_the_run(kube_cluster, namespace, tmp_path):

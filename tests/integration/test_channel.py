@@ -28,10 +28,10 @@ from runner.demo.provider import ScriptedProvider
 from runner.errors import ConfinementError
 from runner.executors import local
 from runner.executors.local import LocalExecutor
-from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
+from runner.transform.run import run_transform
 
 ATTACK = Path(__file__).with_name("channel_attack.py")
 ROUTES = ["processes", "reopen-fd1", "any-fd", "pidfd-getfd", "ptrace", "vm-write", "proc-mem", "controls"]
@@ -82,7 +82,7 @@ def session(tmp_path_factory, claude_command):
         )
         run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 1, [],
                      progress_out=open(os.devnull, "w"))
-    run_job(store, plan)
+    run_transform(store, plan)
     keys = layout.SessionKeys("channel", PROBE["id"], "present-001")
     raw = store.get(keys.stream)
     lines = [json.loads(line) for line in raw.splitlines()]

@@ -10,6 +10,7 @@ into the cache; a missing helm fails these tests, never skips them.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -118,7 +119,9 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
     objs = render(values)
     kinds = sorted(o["kind"] for o in objs)
     expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget",
-                "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceAccount"]
+                "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceAccount", "ServiceAccount",
+                "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                "Pod"]  # helm test's confinement check
     v = values_of(values)
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
                            + (["Job"] if v["transformJob"]["campaign"] else []))
@@ -271,6 +274,14 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     assert policy.foreign_policies_selecting(list(selecting.values()), pod["metadata"]["labels"],
                                              policy.own_policy_names(settings)) == []
     assert names.selector("team-a", names.PROXY_COMPONENT).items() <= proxy_labels.items()
+    # Session pods run as their own ServiceAccount, which mounts no token and is bound to nothing.
+    session_sa = by_kind(objs, "ServiceAccount")[pod["spec"]["serviceAccountName"]]
+    assert session_sa["automountServiceAccountToken"] is False and pod["spec"]["serviceAccountName"] == "team-a-session"
+    assert not [b for b in [*by_kind(objs, "RoleBinding").values(), *by_kind(objs, "ClusterRoleBinding").values()]
+                if any(sub.get("name") == "team-a-session" for sub in b.get("subjects", []))]
+    # helm uninstall keeps the session policy: pods still running keep their confinement.
+    assert selecting[names.object_name("team-a", "session", "policy")]["metadata"]["annotations"] == {
+        "helm.sh/resource-policy": "keep"}
 
 
 def test_a_provider_ca_bundle_reaches_every_harness_container_through_one_configmap(tmp_path):
@@ -339,7 +350,8 @@ def test_squid_config_and_entrypoint_are_the_builders_text(values):
 
     url = urlparse(s.provider.base_url)
     port = url.port or (80 if url.scheme == "http" else 443)
-    assert cm["squid.conf"] == egress.squid_conf(url.hostname, port, v["egressProxy"]["port"])
+    assert cm["squid.conf"] == egress.squid_conf(url.hostname, port, v["egressProxy"]["port"],
+                                                 max_client_connections=v["egressProxy"]["maxClientConnections"])
     assert cm["entrypoint.sh"] == egress.squid_entrypoint()
     container = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]["spec"]["template"]["spec"]["containers"][0]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -399,9 +411,17 @@ def test_a_drain_takes_at_most_max_unavailable_proxy_pods(values):
     objs = render(values)
     proxy = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]
     budget = by_kind(objs, "PodDisruptionBudget")["probe-runner-egress-proxy"]["spec"]
-    assert budget == {"maxUnavailable": values_of(values)["egressProxy"]["maxUnavailable"],
+    v = values_of(values)["egressProxy"]
+    assert budget == {"maxUnavailable": v["maxUnavailable"] if v["replicas"] > 1 else 0,
                       "selector": {"matchLabels": proxy["spec"]["selector"]["matchLabels"]}}
-    assert proxy["spec"]["replicas"] == 1 or budget["maxUnavailable"] < proxy["spec"]["replicas"]  # one stays up
+    assert budget["maxUnavailable"] < proxy["spec"]["replicas"]  # one stays up
+
+
+def test_a_single_proxy_replica_is_never_given_up_to_a_drain():
+    """Before, with one replica the budget's maxUnavailable 1 let a drain take the only proxy
+    pod, and every running session lost its route to the provider."""
+    budget = by_kind(render(sets=("egressProxy.replicas=1",)), "PodDisruptionBudget")["probe-runner-egress-proxy"]["spec"]
+    assert budget["maxUnavailable"] == 0
 
 
 def test_notes_say_how_to_submit_and_pull_with_this_install():
@@ -427,6 +447,36 @@ def test_k8s_plain_manifests_are_current():
     assert K8S_FILE.read_text() == proc.stdout, \
         "k8s/probe-runner.yaml is not what the chart renders: run `bash k8s/generate.sh > k8s/probe-runner.yaml`"
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    assert docs[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "probe-runner"}}
+    # the namespace enforces the restricted Pod Security Standard, which every pod of the install meets
+    assert docs[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "probe-runner", "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}}
     for obj in docs:
         kubernetes_validate.validate(obj, KUBE_SCHEMA_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_helm_test_runs_the_controllers_confinement_check(values):
+    """`helm test`'s pod is a canary of this install: the session pods' labels, ServiceAccount,
+    image and security, and the routes runner/k8s/canary.py names for these values (less the
+    provider's addresses and a neighbour pod, which only the controller can look up), judged
+    by the controller's own rule."""
+    import base64
+
+    from runner.k8s import canary
+
+    objs = render(values)
+    s = settings_of(objs)
+    (pod,) = by_kind(objs, "Pod").values()
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    session = manifests.session_pod(s, parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "p"),
+                                    "HW-PRB-0007", "present-001", 1, "t", "http://10.96.0.10:3128")
+    labels = {k: v for k, v in pod["metadata"]["labels"].items() if k in names.selector(s.kube.instance, names.SESSION_COMPONENT)}
+    assert labels == names.selector(s.kube.instance, names.SESSION_COMPONENT)
+    assert pod["spec"]["serviceAccountName"] == session["spec"]["serviceAccountName"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    c = pod["spec"]["containers"][0]
+    assert c["image"] == s.kube.harness_image and c["securityContext"] == manifests.container_security(s.kube.harness_uid)
+    assert c["command"] == ["python3", "-m", "runner.entrypoints.canary", "--judge"]
+    built = canary.routes(s.provider.base_url, [], None, s.kube.canary_foreign_hosts, s.kube.canary_extra_targets)
+    assert json.loads(base64.b64decode(c["args"][0])) == json.loads(base64.b64decode(canary.encode(built)))
+    assert (len(c["args"]) == 2) == bool(s.kube.provider_ca_configmap)

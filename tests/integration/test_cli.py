@@ -29,7 +29,7 @@ def env(tmp_path, claude_command):
 @pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["status"], ["pull"], ["ledger"], ["ledger", "resume"]])
 def test_help_explains_itself(command):
     out = cli(*command, "--help")
-    assert out.returncode == 0 and "usage: probe-runner" in out.stdout
+    assert out.returncode == 0 and out.stdout.startswith("Usage: probe-runner")
 
 
 def test_a_bad_plan_is_one_line_naming_the_field(tmp_path, env):

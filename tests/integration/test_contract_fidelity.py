@@ -1,7 +1,7 @@
 """Contract fidelity under ordinary sessions (issue 11), through the real Claude Code CLI.
 
 Every rule here is held by a session the real CLI ran against the scripted provider, recorded
-by ``run_sessions`` under bwrap and turned into a transcript by the intake job, exactly as
+by ``run_sessions`` under bwrap and turned into a transcript by the transform, exactly as
 ``probe-runner run`` does. One campaign holds one probe per rule (each probe's task selects its
 scenario), so the CLI runs once per rule; one more campaign runs the bundled demo corpus.
 """
@@ -22,11 +22,11 @@ from runner import digest, layout, stream
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.executors.local import LocalExecutor
-from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.transcript import parse as parse_transcript
+from runner.transform.run import run_transform
+from runner.transform.transcript import parse as parse_transcript
 
 DEMO = Path(__file__).parents[2] / "runner" / "demo"
 IDENT = "HW-[A-Z]+-[0-9]{4}"
@@ -137,7 +137,7 @@ def _record(root: Path, name: str, corpus: Path, plan_doc: dict, scenarios: dict
         )
         run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 2, [],
                      progress_out=open(os.devnull, "w"))
-    report = run_job(store, plan)
+    report = run_transform(store, plan)
     texts = {}
     for arm in plan.arms:
         key = layout.transcript_key(name, plan.tier.value, arm.value)

@@ -97,7 +97,8 @@ def proxy(upstream):
     state = root / "state"
     conf = root / "squid.conf"
     (root / "hosts").write_text(f"127.0.0.1 {PROVIDER}\n")
-    conf.write_text(squid_conf(PROVIDER, upstream.port, port, listen_address="127.0.0.1", state_dir=str(state))
+    conf.write_text(squid_conf(PROVIDER, upstream.port, port, listen_address="127.0.0.1", state_dir=str(state),
+                               max_client_connections=MAX_CLIENT_CONNECTIONS)
                     + f"hosts_file {root}/hosts\ndns_nameservers 127.0.0.1\n")
     (root / "entrypoint.sh").write_text(squid_entrypoint(str(conf), str(state)))
     out, err = open(root / "stdout", "wb"), open(root / "stderr", "wb")
@@ -120,6 +121,7 @@ def proxy(upstream):
                 if time.monotonic() > deadline:
                     pytest.fail(f"squid did not listen: {(root / 'stderr').read_text()[-2000:]}", pytrace=False)
                 time.sleep(0.05)
+        ACCESS_LOG.append(root / "stdout")
         yield port, state / "tls.crt"
     finally:
         proc.kill()
@@ -127,6 +129,10 @@ def proxy(upstream):
         out.close()
         err.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+MAX_CLIENT_CONNECTIONS = 4  # small, so a test can open one more
+ACCESS_LOG: list[Path] = []  # Squid's standard output, where its access log goes
 
 
 def _send(port: int, request: bytes) -> tuple[socket.socket, bytes]:
@@ -241,3 +247,45 @@ def test_allowed_connect_carries_tls_only(proxy, upstream):
     sock.sendall(f"GET / HTTP/1.1\r\nHost: {PROVIDER}\r\n\r\n".encode())
     assert _read_all(sock) == b""
     assert upstream.untouched_since(before)
+
+
+def test_one_client_cannot_hold_more_than_its_share_of_connections(proxy, upstream):
+    """Before, one session pod could open connections until the proxy's file descriptors ran
+    out, and every other session's CONNECT failed."""
+    port, proxy_cert = proxy
+    held = []
+    for _ in range(MAX_CLIENT_CONNECTIONS):
+        sock, head = _connect(port, f"{PROVIDER}:{upstream.port}")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        held.append(sock)
+    before = upstream.accepted
+    answer = _refusal(port, proxy_cert, f"{PROVIDER}:{upstream.port}")  # one more: refused
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden\r\n") and upstream.untouched_since(before)
+    for s in held:
+        s.close()
+    deadline = time.monotonic() + 10  # Squid counts a connection until it has seen it close
+    while True:
+        sock, head = _connect(port, f"{PROVIDER}:{upstream.port}")
+        ctx = ssl.create_default_context(cafile=str(upstream.cert))
+        try:
+            with ctx.wrap_socket(sock, server_hostname=PROVIDER) as tls:
+                tls.sendall(b"ping")
+                assert tls.recv(100) == b"upstream:ping"
+                break
+        except ssl.SSLError:
+            assert time.monotonic() < deadline, "the connections given back were never counted as closed"
+            time.sleep(0.2)
+
+
+def test_each_tunnel_is_logged_with_the_server_name_it_asked_for(proxy, upstream):
+    port, _ = proxy
+    sock, head = _connect(port, f"{PROVIDER}:{upstream.port}")
+    ctx = ssl.create_default_context(cafile=str(upstream.cert))
+    with ctx.wrap_socket(sock, server_hostname=PROVIDER) as tls:
+        tls.sendall(b"ping")
+        assert tls.recv(100) == b"upstream:ping"
+    deadline = time.monotonic() + 10  # the line is written when the tunnel closes
+    while not any(f"CONNECT {PROVIDER}:{upstream.port} sni={PROVIDER} " in line
+                  for line in ACCESS_LOG[0].read_text().splitlines()):
+        assert time.monotonic() < deadline, ACCESS_LOG[0].read_text()[-2000:]
+        time.sleep(0.1)

@@ -159,15 +159,26 @@ class World:
             "session -> API server Service address, 443": ((s, host(API_SERVICE), 443, "TCP"), session_egress),
             "session -> API server endpoint, 6443": ((s, host(API_ENDPOINT), 6443, "TCP"), session_egress),
             # session pod ingress: none, from anywhere
-            "proxy -> session, provider port": ((px, s, V, "TCP"), session_ingress),
+            # (a session's address is private: the proxy's own egress refuses it too, since issue 14)
+            "proxy -> session, provider port": ((px, s, V, "TCP"), proxy_egress | session_ingress),
             "proxy -> session, 8080": ((px, s, 8080, "TCP"), proxy_egress | session_ingress),
             "controller -> session": ((self.controller, s, 8080, "TCP"), session_ingress),
             "unlabelled pod -> session": ((self.neighbour, s, 22, "TCP"), session_ingress),
             "kube-dns -> session, UDP 53": ((self.kube_dns, s, 53, "UDP"), session_ingress),
             "pod in another namespace -> session": ((self.session_elsewhere, s, P, "TCP"), session_ingress),
             "external address -> session": ((host(EXTERNAL), s, 8080, "TCP"), session_ingress),
-            # proxy pod egress: the provider port anywhere, DNS
+            # proxy pod egress: the provider port on the public internet, DNS at kube-dns. Before
+            # issue 14 it was the provider port at any address and DNS anywhere: each row below
+            # marked "before: allowed" was allowed.
             "proxy -> external address, provider port": ((px, host(EXTERNAL), V, "TCP"), allow),
+            "proxy -> metadata service, provider port": ((px, host(METADATA), V, "TCP"), proxy_egress),  # before: allowed
+            "proxy -> API server endpoint, provider port": ((px, host(API_ENDPOINT), V, "TCP"), proxy_egress),  # before: allowed
+            "proxy -> API server Service address, provider port":
+                ((px, host(API_SERVICE), V, "TCP"), proxy_egress),  # before: allowed
+            "proxy -> unlabelled pod, provider port": ((px, self.neighbour, V, "TCP"), proxy_egress),  # before: allowed
+            "proxy -> loopback, provider port": ((px, host("127.0.0.1"), V, "TCP"), proxy_egress),  # before: allowed
+            "proxy -> external address, UDP 53": ((px, host(EXTERNAL), 53, "UDP"), proxy_egress),  # before: allowed
+            "proxy -> unlabelled pod, UDP 53": ((px, self.neighbour, 53, "UDP"), proxy_egress),  # before: allowed
             "proxy -> external address, 80": ((px, host(EXTERNAL), 80, "TCP"), proxy_egress),
             "proxy -> external address, provider port over UDP": ((px, host(EXTERNAL), V, "UDP"), proxy_egress),
             "proxy -> metadata service, 80": ((px, host(METADATA), 80, "TCP"), proxy_egress),

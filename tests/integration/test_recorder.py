@@ -23,12 +23,12 @@ from pydantic import SecretStr
 from runner import digest, layout, stream
 from runner.campaign import run_sessions
 from runner.executors.local import LocalExecutor
-from runner.intake_job import run_job
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.transcript import parse as parse_transcript
-from runner.transform import SessionFacts, transform
+from runner.transform.events import SessionFacts, session_event
+from runner.transform.run import run_transform
+from runner.transform.transcript import parse as parse_transcript
 
 IDENT = re.compile("HW-[A-Z]+-[0-9]{4}")
 DOC_A = "# HW-DR-0052\n\nStatus: current.\n"
@@ -90,7 +90,7 @@ def _run_campaign(root: Path, name: str, probes: list[dict], claude_command, ext
         )
         run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 2, ["report.txt"],
                      progress_out=open(os.devnull, "w"))
-    report = run_job(store, plan)
+    report = run_transform(store, plan)
     key = layout.transcript_key(name, "regression", "present")
     text = store.get(key).decode() if store.exists(key) else ""
     events = {e["probe"]: e for e in parse_transcript(text).events} if text else {}
@@ -206,7 +206,7 @@ def _direct(claude_command, provider_url, tmp_path, extra_args, extra_env=None, 
     facts = SessionFacts(probe="HW-PRB-0004", session="present-001", workspace=str(ws), config_dir=str(cfg),
                          manifest={}, final_file=lambda rel: None, identifiers=frozenset(),
                          declared_mcp_servers=frozenset(json.loads((files or {}).get(".mcp.json", '{"mcpServers": {}}'))["mcpServers"]))
-    return transform(parsed, facts, ANSWERS, IDENT)
+    return session_event(parsed, facts, ANSWERS, IDENT)
 
 
 @pytest.fixture

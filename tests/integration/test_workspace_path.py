@@ -22,12 +22,12 @@ from runner import layout
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.executors.local import LocalExecutor
-from runner.intake_job import run_job
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
-from runner.transcript import parse as parse_transcript
+from runner.transform.run import run_transform
+from runner.transform.transcript import parse as parse_transcript
 
 CAMPAIGN = "iwspath"
 PROBE = {"id": "HW-PRB-0201", "path": "docs/probes/HW-PRB-0201.md", "title": "Workspace path",
@@ -63,7 +63,7 @@ def campaign(tmp_path_factory, claude_command):
         )
         run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 2, [],
                      progress_out=open(os.devnull, "w"))
-    run_job(store, plan)
+    run_transform(store, plan)
     keys = [layout.SessionKeys(CAMPAIGN, spec.probe, spec.name) for spec in plan.sessions()]
     assert [k.session for k in keys] == ["present-001", "present-002"]
     text = store.get(layout.transcript_key(CAMPAIGN, "regression", "present")).decode()

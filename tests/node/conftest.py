@@ -259,6 +259,9 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
                                "extraTargets": [f"{node.host_ip}:6443", f"{node.provider_ip}:443",
                                                 f"{node.other_ip}:80"]}},
         "egressProxy": {"replicas": 1},
+        # The scripted provider has a private address here, as an on-prem provider would: the
+        # proxy's egress names its range (by default private ranges are out of reach).
+        "networkPolicy": {"providerIPBlocks": [{"cidr": f"{node.provider_ip}/32"}]},
     }))
     helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
               "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")

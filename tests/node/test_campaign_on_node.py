@@ -52,6 +52,13 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
     for c in captures:
         assert c["harness"]["image_id"] and "sha256:" in c["harness"]["image_id"], c["harness"]
         assert c["confinement_checks"] and all(ch["passed"] for ch in c["confinement_checks"])
+        # Owned by the controller Job: the downward API gave the controller its Job's name.
+        assert c["pod"]["owner"] == jobs.job_name(campaign), c["pod"]
+    # The demo's superseding-decision sessions write their note into a 0700 directory (mkdir -m
+    # 700, as mktemp -d makes): before, the reader's tar (another uid) could not enter it, the
+    # session failed and its files were lost.
+    noted = [c for c in captures if "notes/supersession.md" in (c["artifacts"] or {}).get("stored", [])]
+    assert len(noted) == 2, [c["artifacts"] for c in captures]
 
     dest = tmp_path / "pulled"
     pulled = _cli(user, "pull", campaign, "--dest", str(dest))

@@ -154,10 +154,7 @@ def test_the_proxy_pod_reaches_the_provider_port_and_nothing_else(install, targe
 
 def test_a_foreign_policy_selecting_session_pods_is_refused_and_measured(install, targets, tmp_path):
     node = install.node
-    foreign = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-               "metadata": {"name": "allow-all-egress", "namespace": install.namespace},
-               "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
-                        "policyTypes": ["Egress"], "egress": [{}]}}
+    foreign = allow_all_egress("allow-all-egress", install.namespace)
     node.apply(foreign)
     try:
         settings = _settings(install, tmp_path)
@@ -179,6 +176,13 @@ def test_a_foreign_policy_selecting_session_pods_is_refused_and_measured(install
         node.kubectl("-n", install.namespace, "delete", "networkpolicy", "allow-all-egress")
 
 
+def allow_all_egress(name: str, namespace: str) -> dict:
+    """A foreign NetworkPolicy that lets session pods' egress go anywhere: allow rules add up."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
+                     "policyTypes": ["Egress"], "egress": [{}]}}
+
+
 def _proxy(node, install) -> tuple[str, int]:
     svc = json.loads(node.kubectl("-n", install.namespace, "get", "service", f"{install.release}-egress-proxy",
                                   "-o", "json").stdout)
@@ -196,10 +200,7 @@ def _campaign_with_egress_opened(install, tmp_path, plan: dict, corpus: Path, wh
     argv = [sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus", str(corpus),
             "--executor", "kubernetes"]
     run = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    foreign = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-               "metadata": {"name": policy, "namespace": install.namespace},
-               "spec": {"podSelector": {"matchLabels": {names.COMPONENT: names.SESSION_COMPONENT}},
-                        "policyTypes": ["Egress"], "egress": [{}]}}
+    foreign = allow_all_egress(policy, install.namespace)
     try:
         deadline = time.monotonic() + 240
         while not when():
@@ -301,3 +302,43 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     # ... and the transform refuses it, naming the check that failed while it ran.
     (refusal,) = refusals
     assert "failed while this session ran" in refusal["reason"], refusal
+
+
+def test_the_egress_proxy_reaches_the_provider_port_at_the_provider_range_only(install, real_node):
+    """Before, the proxy's policy allowed the provider's port at any address, so the proxy (and
+    through a Squid misconfiguration, a session) could reach any host of the cluster's network
+    on that port. Now its egress names the provider's range (the public internet by default):
+    a listener on another host's port 443 stays out of reach, the provider's does not."""
+    node = install.node
+    probe = ("timeout 8 openssl s_client -connect {}:443 </dev/null 2>/dev/null | head -1")
+    with listener(None, real_node.other_ip, 443):
+        other = node.kubectl("-n", install.namespace, "exec", f"deploy/{install.release}-egress-proxy", "--",
+                             "sh", "-c", probe.format(real_node.other_ip), check=False)
+    provider = node.kubectl("-n", install.namespace, "exec", f"deploy/{install.release}-egress-proxy", "--",
+                            "sh", "-c", probe.format(real_node.provider_ip), check=False)
+    assert provider.stdout.startswith("CONNECTED"), provider.stdout + provider.stderr
+    assert not other.stdout.startswith("CONNECTED"), other.stdout + other.stderr
+
+
+def test_helm_test_checks_an_install_without_a_campaign(install, targets):
+    """`helm test` runs the chart's confinement-test pod (the canary, judged by the controller's
+    rule): it passes on this install, and fails, naming the route, once a foreign policy opens
+    the session pods' egress."""
+    import importlib.util  # helm() of tests/integration/test_chart.py: one helm locator
+
+    spec = importlib.util.spec_from_file_location("chart_helpers", Path(__file__).parents[1] / "integration" / "test_chart.py")
+    helm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helm)
+    node = install.node
+    run = ("test", install.release, "-n", install.namespace, "--kubeconfig", str(node.kubeconfig), "--logs",
+           "--timeout", "100s")
+    passed = helm.helm(*run, check=False)
+    assert passed.returncode == 0 and "confinement check: passed" in passed.stdout, passed.stdout + passed.stderr
+    foreign = allow_all_egress("allow-all-egress-helm-test", install.namespace)
+    node.apply(foreign)
+    try:
+        failed = helm.helm(*run, check=False)
+        said = failed.stdout + failed.stderr
+        assert failed.returncode != 0 and "confinement check: a route opened" in said, said
+    finally:
+        node.kubectl("-n", install.namespace, "delete", "networkpolicy", "allow-all-egress-helm-test")

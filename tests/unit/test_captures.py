@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from runner import digest, stream
-from runner.transform import SessionFacts, result_needed, transform
+from runner.transform.events import SessionFacts, result_needed, session_event
 
 DATA = Path(__file__).parents[1] / "data"
 CAPTURES = DATA / "captures"
@@ -33,7 +33,7 @@ def streams() -> list[Path]:
 
 
 def run(path: Path, compliant_init: bool = False):
-    """Parse and transform as the intake job does: the workspace is the init line's cwd, and its
+    """Parse and transform as the transform does: the workspace is the init line's cwd, and its
     sealed manifest holds the .md files the session read (their results are then the manifest's
     digest, and the parser is spared their digests)."""
     with open(path, "rb") as f:
@@ -47,7 +47,7 @@ def run(path: Path, compliant_init: bool = False):
         parsed = stream.parse(f, result_needed(facts))
     if compliant_init and parsed.init is not None:
         parsed.init = {"permissionMode": "dontAsk"}
-    return parsed, transform(parsed, facts, ["4", "ok"], IDENT)
+    return parsed, session_event(parsed, facts, ["4", "ok"], IDENT)
 
 
 def outcome(path: Path) -> dict:

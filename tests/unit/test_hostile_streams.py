@@ -16,8 +16,9 @@ import tracemalloc
 
 import fuzz_targets
 
-from runner import digest, intake, stream
-from runner.transform import SessionFacts, transform
+from runner import digest, stream
+from runner.transform import intake
+from runner.transform.events import SessionFacts, session_event
 
 INIT = {"type": "system", "subtype": "init", "cwd": "/workspace", "permissionMode": "dontAsk"}
 RESULT = {"type": "result", "subtype": "success", "is_error": False, "result": "done", "total_cost_usd": 0.1}
@@ -42,7 +43,7 @@ def outcome(lines: list[bytes]):
     facts = SessionFacts(probe="HW-PRB-0007", session="present-001", workspace="/workspace",
                          config_dir="/session/config", manifest={}, final_file=lambda rel: None,
                          identifiers=frozenset())
-    return transform(stream.parse(lines), facts, [], IDENT)
+    return session_event(stream.parse(lines), facts, [], IDENT)
 
 
 def survives_the_transcript(event: dict) -> bool:

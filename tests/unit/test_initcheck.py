@@ -1,6 +1,6 @@
 """The init line refusals, each item separately."""
 
-from runner.initcheck import InitContext, refusals
+from runner.transform.initcheck import InitContext, refusals
 
 CFG = "/session/config"
 CTX = InitContext(config_dir=CFG, declared_mcp_servers=frozenset({"docs"}), host_skills=frozenset({"hostskill"}))

@@ -49,7 +49,12 @@ def test_controller_job_complete():
                         "command": ["probe-runner", "controller", "--campaign", campaign],
                         "envFrom": [{"configMapRef": {"name": "team-a-settings"}}, {"secretRef": {"name": "bucket"}}],
                         "env": [{"name": "TMPDIR", "value": "/tmp"}, {"name": "RUNNER_LOG__FORMAT", "value": "json"},
-                                {"name": "RUNNER_LOG__LEVEL", "value": "info"}],
+                                {"name": "RUNNER_LOG__LEVEL", "value": "info"},
+                                # the owner of the session pods it creates: the Job itself, from its pod's labels
+                                {"name": "RUNNER_KUBE__OWNER_JOB", "valueFrom": {"fieldRef": {
+                                    "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+                                {"name": "RUNNER_KUBE__OWNER_UID", "valueFrom": {"fieldRef": {
+                                    "fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}}}],
                         "resources": {"requests": {"cpu": "250m", "memory": "512Mi"},
                                       "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "5Gi"}},
                         "securityContext": HARDENED,
@@ -87,8 +92,12 @@ def test_transform_job_is_the_controller_job_without_api_access():
     assert pod["containers"][0]["name"] == "transform"
     assert pod["containers"][0]["command"] == ["probe-runner", "transform", "c1"]
     assert tr["spec"]["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] == "transform"
+    # and without the owner's name and uid: it creates no pods
+    assert {e["name"] for e in ctl_pod["containers"][0]["env"]} - {e["name"] for e in pod["containers"][0]["env"]} == {
+        "RUNNER_KUBE__OWNER_JOB", "RUNNER_KUBE__OWNER_UID"}
     same = lambda p: {**p, "automountServiceAccountToken": None,  # noqa: E731
-                      "containers": [{**p["containers"][0], "name": None, "command": None}]}
+                      "containers": [{**p["containers"][0], "name": None, "command": None,
+                                      "env": [e for e in p["containers"][0]["env"] if "OWNER" not in e["name"]]}]}
     assert same(pod) == same(ctl_pod)
 
 

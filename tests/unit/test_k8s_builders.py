@@ -54,10 +54,12 @@ def test_label_values_are_valid_and_selectors_use_the_same_constants():
 def test_session_pod_complete(plan):
     settings = Settings(store="file:///tmp/s", kube={"credentials_secret": "provider", "runtime_class": "gvisor",
                                                       "node_selector": {"pool": "probes"},
-                                                      "tolerations": [{"key": "probes", "operator": "Exists"}]})
+                                                      "tolerations": [{"key": "probes", "operator": "Exists"}],
+                                                      "owner_job": "controller-demo-0c1d", "owner_uid": "6f1c-uid",
+                                                      "priority_class": "probe-sessions"})
     task = plan.probes[0].task
     pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task, "http://10.96.0.12:3128")
-    name = names.object_name("demo", "HW-PRB-0007", "present-001", 1)
+    name = names.object_name("probe-runner", "demo", "HW-PRB-0007", "present-001", 1)
     security = lambda uid: {  # noqa: E731
         "runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]},
@@ -68,6 +70,8 @@ def test_session_pod_complete(plan):
         "metadata": {
             "name": name,
             "namespace": "probe-runner",
+            # deleting the campaign's controller Job deletes the pod (not its controller reference)
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "controller-demo-0c1d", "uid": "6f1c-uid"}],
             "labels": {
                 "app.kubernetes.io/name": "probe-runner", "app.kubernetes.io/instance": "probe-runner",
                 "app.kubernetes.io/component": "session", "app.kubernetes.io/part-of": "probe-runner",
@@ -76,10 +80,14 @@ def test_session_pod_complete(plan):
                 "probe-runner.io/attempt": "1",
             },
             "annotations": {"probe-runner.io/campaign": "demo", "probe-runner.io/probe": "HW-PRB-0007",
-                            "probe-runner.io/session": "present-001", "probe-runner.io/attempt": "1"},
+                            "probe-runner.io/session": "present-001", "probe-runner.io/attempt": "1",
+                            # a session cannot move: node consolidation must not evict it
+                            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true"},
         },
         "spec": {
             "restartPolicy": "Never",
+            "activeDeadlineSeconds": 600 + 1800 + 900,  # start, the session's limit, collection
+            "serviceAccountName": "probe-runner-session",  # its own, with nothing bound
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "shareProcessNamespace": False,
@@ -97,7 +105,8 @@ def test_session_pod_complete(plan):
                     "env": [{"name": "PROBE_CAPTURE_DIR", "value": "/run/probe/capture"},
                             {"name": "PROBE_SOCKET_DIR", "value": "/run/probe/socket"},
                             {"name": "PROBE_WORKSPACE", "value": "/workspace"},
-                            {"name": "PROBE_HARNESS_UID", "value": "10001"}],
+                            {"name": "PROBE_HARNESS_UID", "value": "10001"},
+                            {"name": "PROBE_DEADLINE_SECONDS", "value": "3300"}],
                     "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                                   "limits": {"cpu": "500m", "memory": "256Mi"}},
                     "securityContext": security(10002),
@@ -155,6 +164,7 @@ def test_session_pod_complete(plan):
             "runtimeClassName": "gvisor",
             "nodeSelector": {"pool": "probes"},
             "tolerations": [{"key": "probes", "operator": "Exists"}],
+            "priorityClassName": "probe-sessions",
             "topologySpreadConstraints": [{
                 "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
                 "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "probe-runner",
@@ -177,9 +187,19 @@ def test_session_pod_without_optional_parts(plan):
     harness = spec["containers"][1]
     assert "the task" not in harness["args"]
     assert not any(e["name"] == "ANTHROPIC_API_KEY" for e in harness["env"])
-    assert pod["metadata"]["name"] == names.object_name("demo", "HW-PRB-0008", "absent-002", 3)
+    assert pod["metadata"]["name"] == names.object_name("probe-runner", "demo", "HW-PRB-0008", "absent-002", 3)
+    assert "ownerReferences" not in pod["metadata"]  # a workstation run: no Job owns it, its deadline bounds it
     # The reader's capture volume is mounted by the reader alone.
     assert "capture" not in {m["name"] for m in harness["volumeMounts"]}
+
+
+def test_two_installs_in_one_namespace_never_share_a_pod_name(plan):
+    """Before the instance was part of the name, install B's controller found install A's pod
+    of the same campaign and session (409 AlreadyExists) and took it for its own."""
+    a = manifests.session_pod(Settings(store="file:///s", kube={"instance": "a"}), plan, "HW-PRB-0008", "absent-002", 1, "t", "http://p:1")
+    b = manifests.session_pod(Settings(store="file:///s", kube={"instance": "b"}), plan, "HW-PRB-0008", "absent-002", 1, "t", "http://p:1")
+    assert a["metadata"]["name"] != b["metadata"]["name"]
+    assert (a["spec"]["serviceAccountName"], b["spec"]["serviceAccountName"]) == ("a-session", "b-session")
 
 
 # ---- pod state -------------------------------------------------------------------------------
@@ -254,3 +274,12 @@ def test_provider_ca_bundle_is_mounted_read_only_into_the_harness_alone(plan):
         {"name": "provider-ca", "mountPath": "/run/probe/provider-ca", "readOnly": True}]
     assert harness["env"] == plain["spec"]["containers"][1]["env"] + [
         {"name": "NODE_EXTRA_CA_CERTS", "value": "/run/probe/provider-ca/ca.crt"}]
+
+
+def test_the_capture_volume_has_a_budget_of_its_own(plan):
+    """Before, the capture volume shared the harness's ephemeral-storage quantity with the
+    workspace and /tmp; now its size is kube.capture_size_limit alone."""
+    settings = Settings(store="file:///s", kube={"capture_size_limit": "5Gi", "resources": {"ephemeral_storage_limit": "1Gi"}})
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 1, "t", "http://p:1")
+    sizes = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["spec"]["volumes"] if "emptyDir" in v}
+    assert sizes["capture"] == "5Gi" and sizes["workspace"] == sizes["tmp"] == "1Gi"

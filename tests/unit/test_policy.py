@@ -85,11 +85,33 @@ def test_proxy_policy_admits_sessions_and_reaches_provider_port_and_dns():
                 "ports": [{"protocol": "TCP", "port": 3128}],
             }],
             "egress": [
-                {"ports": [{"protocol": "TCP", "port": 8443}]},
-                {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                # the provider's port on the public internet only: no pod, Service, node,
+                # metadata or loopback address (before: any address at all)
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                                     "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]}},
+                        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "::1/128"]}}],
+                 "ports": [{"protocol": "TCP", "port": 8443}]},
+                # DNS to the cluster's DNS pods only (before: any server)
+                {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                         "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                 "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
             ],
         },
     }
+
+
+def test_an_on_prem_provider_range_replaces_the_public_internet_and_a_bad_block_is_one_line(monkeypatch):
+    from runner.errors import UserError
+    from runner.settings import load_settings
+
+    monkeypatch.setenv("RUNNER_KUBE__PROVIDER_IP_BLOCKS", '[{"cidr": "10.20.0.0/24"}]')
+    monkeypatch.setenv("RUNNER_KUBE__DNS_POD_LABELS", '{"app": "dns"}')
+    egress = proxy_network_policy(load_settings(store="file:///s"))["spec"]["egress"]
+    assert egress[0]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/24"}}]
+    assert egress[1]["to"][0]["podSelector"] == {"matchLabels": {"app": "dns"}}
+    monkeypatch.setenv("RUNNER_KUBE__PROVIDER_IP_BLOCKS", '[{"cidr": "0.0.0.0/0", "except": ["fc00::/7"]}]')
+    with pytest.raises(UserError, match=r"^settings: kube.provider_ip_blocks\[0\]: except fc00::/7 is not a range strictly inside 0.0.0.0/0"):
+        load_settings(store="file:///s")
 
 
 def test_proxy_policy_leaves_egress_to_cilium_when_asked():
@@ -300,8 +322,10 @@ http_port 3128 ssl-bump tls-cert=/run/squid/tls.crt tls-key=/run/squid/tls.key g
 acl CONNECT method CONNECT
 acl provider_port port 443
 acl provider dstdomain -n api.anthropic.com
+acl flood maxconn 32
 http_access deny !CONNECT
 http_access deny !provider_port
+http_access deny flood
 http_access allow provider
 http_access deny all
 
@@ -317,7 +341,8 @@ visible_hostname egress-proxy
 httpd_suppress_version_string on
 max_filedescriptors 4096
 
-access_log stdio:/dev/stdout
+logformat tunnel %ts.%03tu %6tr %>a %Ss/%03>Hs %<st %rm %ru sni=%ssl::>sni %<a
+access_log stdio:/dev/stdout tunnel
 cache_log /dev/stderr
 logfile_rotate 0
 netdb_filename none

@@ -16,8 +16,9 @@ import fuzz_targets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import answer, digest, intake, stream, transcript
-from runner.transform import SessionFacts, _Paths, _shell_words, result_needed, transform
+from runner import answer, digest, stream
+from runner.transform import intake, transcript
+from runner.transform.events import SessionFacts, _Paths, _shell_words, result_needed, session_event
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 IDENT = re.compile(r"HW-[A-Z]+-[0-9]{4}")
@@ -152,8 +153,8 @@ def test_sparing_the_digests_of_manifest_reads_changes_no_outcome(lines, documen
     facts = SessionFacts(probe="p", session="s", workspace="/workspace", config_dir="/c",
                          manifest={d: digest.of_text(d) for d in documents}, final_file=lambda rel: b"x",
                          identifiers=frozenset())
-    spared = transform(stream.parse(lines, result_needed(facts)), facts, ["a b"], IDENT)
-    assert spared == transform(stream.parse(lines), facts, ["a b"], IDENT)
+    spared = session_event(stream.parse(lines, result_needed(facts)), facts, ["a b"], IDENT)
+    assert spared == session_event(stream.parse(lines), facts, ["a b"], IDENT)
 
 
 def _relative_with_pathlib(workspace: str, path: str) -> str | None:

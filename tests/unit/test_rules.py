@@ -12,11 +12,11 @@ import pytest
 from runner import digest, stream
 from runner.answer import answer_of
 from runner.errors import SealError, UserError
-from runner.intake import confirm
 from runner.plan import parse_plan
 from runner.seal import seal
-from runner.transcript import render
-from runner.transform import SessionFacts, transform
+from runner.transform.events import SessionFacts, session_event
+from runner.transform.intake import confirm
+from runner.transform.transcript import render
 
 FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 DECLARED = ["current HW-DR-0052", "superseded HW-DR-0052"]
@@ -165,7 +165,7 @@ def _lines() -> list[bytes]:
 
 
 def test_the_real_fixture_transforms_to_the_complete_event():
-    out = transform(stream.parse(_lines()), _facts(), DECLARED, IDENT)
+    out = session_event(stream.parse(_lines()), _facts(), DECLARED, IDENT)
     write_result = "File created successfully at: /workspace/out.md (file state is current in your context — no need to Read it back)"
     assert out.refusals == []
     assert out.event == {
@@ -193,7 +193,7 @@ def _without(pred) -> list[bytes]:
     (lambda: _without(lambda o: o["type"] == "assistant" and o["message"]["content"][0]["type"] == "tool_use"), "which no call of the stream made"),
 ])
 def test_unsound_streams_are_refused_with_a_reason(lines, reason):
-    out = transform(stream.parse(lines()), _facts(), DECLARED, IDENT)
+    out = session_event(stream.parse(lines()), _facts(), DECLARED, IDENT)
     assert out.event is None
     assert any(reason in r for r in out.refusals), out.refusals
 
@@ -205,9 +205,9 @@ def test_a_harness_error_is_refused_and_max_turns_is_recorded_without_answer():
         result.update(fields)
         return lines[:-1] + [json.dumps(result).encode() + b"\n"]
 
-    err = transform(stream.parse(with_result(is_error=True, result="API Error: 500")), _facts(), DECLARED, IDENT)
+    err = session_event(stream.parse(with_result(is_error=True, result="API Error: 500")), _facts(), DECLARED, IDENT)
     assert err.event is None and any("harness reported an error" in r for r in err.refusals)
-    turns = transform(stream.parse(with_result(subtype="error_max_turns", is_error=True)), _facts(), DECLARED, IDENT)
+    turns = session_event(stream.parse(with_result(subtype="error_max_turns", is_error=True)), _facts(), DECLARED, IDENT)
     assert turns.refusals == [] and turns.event["answer"] is None
 
 
@@ -215,7 +215,7 @@ def test_absent_keys_say_that_nothing_watched():
     """"An event with no calls key says that nothing watched": the artifacts were not collected, so
     no produced key; the session was watched, so its answer is recorded, null where the probe
     declares none ("Every other message records answer: null")."""
-    out = transform(stream.parse(_lines()), _facts(artifacts_collected=False), [], IDENT)
+    out = session_event(stream.parse(_lines()), _facts(artifacts_collected=False), [], IDENT)
     assert "produced" not in out.event and out.event["answer"] is None and "calls" in out.event
 
 
@@ -230,7 +230,7 @@ def test_absent_keys_say_that_nothing_watched():
 def test_each_init_line_item_refuses(init_change, reason):
     lines = _lines()
     init = {**json.loads(lines[0]), **init_change}
-    out = transform(stream.parse([json.dumps(init).encode() + b"\n"] + lines[1:]),
+    out = session_event(stream.parse([json.dumps(init).encode() + b"\n"] + lines[1:]),
                     _facts(host_skills=frozenset({"host-skill"})), DECLARED, IDENT)
     assert out.event is None and any(reason in r for r in out.refusals), out.refusals
 

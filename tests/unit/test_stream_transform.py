@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from runner import digest, stream
-from runner.initcheck import InitContext, refusals
-from runner.transform import SessionFacts, _without_heredoc_bodies, corpus_identifiers, transform
+from runner.transform.events import SessionFacts, _without_heredoc_bodies, corpus_identifiers, session_event
+from runner.transform.initcheck import InitContext, refusals
 
 FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 IDENT = re.compile(r"HW-DR-\d{4}")
@@ -74,7 +74,7 @@ def test_fixture_parses_and_transforms_to_complete_event():
     assert parsed.complete
     assert parsed.cost_usd == Decimal("0.003")
     assert parsed.served_models == ["claude-opus-4-8-20261101"]
-    out = transform(parsed, facts(), DECL, IDENT)
+    out = session_event(parsed, facts(), DECL, IDENT)
     assert out.refusals == []
     assert out.event == {
         "probe": "p1",
@@ -95,7 +95,7 @@ def test_fixture_parses_and_transforms_to_complete_event():
 def test_no_result_line_refused():
     parsed = parse_objs([INIT, asst({"type": "text", "text": "hi"})])
     assert any("no result line" in p for p in parsed.problems)
-    out = transform(parsed, facts(), DECL, IDENT)
+    out = session_event(parsed, facts(), DECL, IDENT)
     assert out.event is None
     assert any("no result line" in r for r in out.refusals)
 
@@ -105,7 +105,7 @@ def test_truncated_last_line():
     lines.append(b'{"type":"assistant","mess')
     parsed = stream.parse(lines)
     assert any("truncated" in p and "line 3" in p for p in parsed.problems)
-    assert transform(parsed, facts(), DECL, IDENT).event is None
+    assert session_event(parsed, facts(), DECL, IDENT).event is None
 
 
 def test_truncated_stream_without_result():
@@ -122,7 +122,7 @@ def test_invalid_utf8_line():
     lines += lines_of([result()])
     parsed = stream.parse(lines)
     assert parsed.problems == ["line 2 is not valid UTF-8"]
-    assert transform(parsed, facts(), DECL, IDENT).event is None
+    assert session_event(parsed, facts(), DECL, IDENT).event is None
 
 
 def test_second_init_line():
@@ -133,7 +133,7 @@ def test_second_init_line():
 def test_assistant_after_result():
     parsed = parse_objs([INIT, result(), asst({"type": "text", "text": "late"})])
     assert parsed.problems == ["line 3 (assistant) comes after the result line"]
-    assert transform(parsed, facts(), DECL, IDENT).event is None
+    assert session_event(parsed, facts(), DECL, IDENT).event is None
 
 
 def test_tool_result_for_unknown_id():
@@ -144,33 +144,33 @@ def test_tool_result_for_unknown_id():
 def test_no_init_line():
     parsed = parse_objs([asst({"type": "text", "text": "hi"}), result()])
     assert any("no init line" in p for p in parsed.problems)
-    assert transform(parsed, facts(), DECL, IDENT).event is None
+    assert session_event(parsed, facts(), DECL, IDENT).event is None
 
 
 def test_result_is_error_refused():
     parsed = parse_objs([INIT, result(subtype="success", is_error=True, text="API Error: 500")])
     assert parsed.problems == []
-    out = transform(parsed, facts(), DECL, IDENT)
+    out = session_event(parsed, facts(), DECL, IDENT)
     assert out.event is None
     assert len(out.refusals) == 1 and "harness reported an error" in out.refusals[0]
 
 
 def test_error_during_execution_refused():
     parsed = parse_objs([INIT, {"type": "result", "subtype": "error_during_execution", "is_error": True}])
-    out = transform(parsed, facts(), DECL, IDENT)
+    out = session_event(parsed, facts(), DECL, IDENT)
     assert out.event is None and out.refusals
 
 
 def test_error_max_turns_gives_event_with_null_answer():
     parsed = parse_objs([INIT, {"type": "result", "subtype": "error_max_turns", "is_error": False, "total_cost_usd": 0.5}])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.refusals == []
     assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": None}
 
 
 def test_no_tool_calls():
     parsed = parse_objs([INIT, asst({"type": "text", "text": "HW-DR-0052 superseded"}), result(text="HW-DR-0052 superseded")])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": "superseded HW-DR-0052"}
 
 
@@ -178,13 +178,13 @@ def test_no_declared_answers_records_answer_null():
     """"Every other message records answer: null": a probe that declares no answers still had its
     session watched, and an absent key would say that nothing watched."""
     parsed = parse_objs([INIT, result()])
-    out = transform(parsed, facts(files={}), [], IDENT)
+    out = session_event(parsed, facts(files={}), [], IDENT)
     assert out.event == {"probe": "p1", "session": "present-001", "calls": [], "produced": [], "answer": None}
 
 
 def test_artifacts_not_collected_gives_no_produced_key():
     parsed = parse_objs([INIT, asst(use("t1", "Write", file_path="/workspace/x.md", content="c")), res("t1", "ok"), result()])
-    out = transform(parsed, facts(artifacts_collected=False), DECL, IDENT)
+    out = session_event(parsed, facts(artifacts_collected=False), DECL, IDENT)
     assert out.event == {"probe": "p1", "session": "present-001",
                          "calls": [{"tool": "Write", "argument": "x.md", "result": digest.of_text("ok")}],
                          "answer": "current HW-DR-0052"}
@@ -192,7 +192,7 @@ def test_artifacts_not_collected_gives_no_produced_key():
 
 def test_call_without_result_has_no_result_key():
     parsed = parse_objs([INIT, asst(use("t1", "Grep", pattern="HW-DR")), result()])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.event["calls"] == [{"tool": "Grep", "argument": "HW-DR ."}]  # a search of the workspace
 
 
@@ -201,14 +201,14 @@ def test_read_after_write_uses_content_digest_not_manifest():
                          asst(use("t1", "Write", file_path="/workspace/a.md", content="new")), res("t1", "ok"),
                          asst(use("t2", "Read", file_path="/workspace/a.md")), res("t2", "1\tnew"),
                          result()])
-    out = transform(parsed, facts(files={"a.md": b"new"}), DECL, IDENT)
+    out = session_event(parsed, facts(files={"a.md": b"new"}), DECL, IDENT)
     assert out.event["calls"][1] == {"tool": "Read", "argument": "a.md", "result": digest.of_text("1\tnew")}
 
 
 def test_list_result_content_digest_is_canonical_json():
     content = [{"type": "text", "text": "x"}]
     parsed = parse_objs([INIT, asst(use("t1", "Bash", command="ls /workspace/docs")), res("t1", content), result()])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.event["calls"] == [{"tool": "Bash", "argument": "ls docs",
                                    "result": digest.of_bytes(b'[{"text":"x","type":"text"}]')}]
 
@@ -219,7 +219,7 @@ def test_outside_workspace_paths_counted():
                               use("t3", "Read", file_path="/workspace/a.md")),
                          res("t1", "root:x"), res("t2", "nope"), res("t3", "doc"),
                          result()])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.outside_paths == ["/etc/passwd", "/root/x"]
     assert out.event["calls"][0] == {"tool": "Read", "argument": "/etc/passwd", "result": digest.of_text("root:x")}
     assert out.event["calls"][2] == {"tool": "Read", "argument": "a.md", "result": A_DIGEST}
@@ -246,7 +246,7 @@ def test_repeated_identical_result_line_is_a_note():
 
 def test_init_refusal_propagates():
     init = dict(INIT, permissionMode="bypassPermissions")
-    out = transform(parse_objs([init, result()]), facts(files={}), DECL, IDENT)
+    out = session_event(parse_objs([init, result()]), facts(files={}), DECL, IDENT)
     assert out.event is None
     assert any("bypassPermissions" in r for r in out.refusals)
 
@@ -255,20 +255,20 @@ def test_cites_with_capturing_group_in_identifier_pattern():
     # a plan may declare an identifier pattern with a group; cites must still be whole identifiers
     ident = re.compile(r"HW-(DR|OBL)-\d{4}")
     parsed = parse_objs([INIT, asst(use("t1", "Write", file_path="/workspace/out.md", content="c")), res("t1", "ok"), result()])
-    out = transform(parsed, facts(files={"out.md": b"Cites HW-DR-0052 and HW-OBL-0124.\n"},
+    out = session_event(parsed, facts(files={"out.md": b"Cites HW-DR-0052 and HW-OBL-0124.\n"},
                                   identifiers=frozenset({"HW-DR-0052", "HW-OBL-0124"})), DECL, ident)
     assert out.event["produced"][0]["cites"] == ["HW-DR-0052", "HW-OBL-0124"]
 
 
 def test_tilde_path_in_bash_counted_as_outside():
     parsed = parse_objs([INIT, asst(use("t1", "Bash", command="cat ~/.ssh/id_rsa")), res("t1", "x"), result()])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.outside_paths == ["~/.ssh/id_rsa"]
 
 
 def test_sibling_directory_with_workspace_prefix_not_rewritten():
     parsed = parse_objs([INIT, asst(use("t1", "Bash", command="ls /workspace2/x /workspace/docs")), res("t1", "x"), result()])
-    out = transform(parsed, facts(files={}), DECL, IDENT)
+    out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.event["calls"][0]["argument"] == "ls /workspace2/x docs"
     assert out.outside_paths == ["/workspace2/x"]
 
@@ -282,7 +282,7 @@ def _event(*pairs, files=None, **over):
         if r is not None:
             objs.append(r)
     objs.append(result())
-    return transform(parse_objs(objs), facts(files=files or {}, **over), DECL, IDENT)
+    return session_event(parse_objs(objs), facts(files=files or {}, **over), DECL, IDENT)
 
 
 @pytest.mark.parametrize("tool, inp, argument", [
@@ -442,7 +442,7 @@ def test_a_session_the_driver_ended_at_its_time_limit_is_an_observation():
     assert parsed.problems == []
     assert parsed.notes == ["the stream is truncated: line 5 ends without a newline and is not complete JSON",
                             "the stream has no result line: the driver ended the session at its time limit"]
-    out = transform(parsed, facts(files={}, timed_out=True), DECL, IDENT)
+    out = session_event(parsed, facts(files={}, timed_out=True), DECL, IDENT)
     assert out.timed_out and out.cost_usd is None
     assert out.event == {"probe": "p1", "session": "present-001", "produced": [], "answer": None,
                          "calls": [{"tool": "Read", "argument": "a.md", "result": "sha256:" + "1" * 64},
@@ -484,7 +484,7 @@ def test_every_tool_input_of_a_line_is_held_to_the_depth_limit():
 
 
 def test_a_cost_finer_than_a_cost_can_be_is_refused_and_sums_are_exact():
-    from runner.intake_job import _cents, exact_sum
+    from runner.transform.run import _cents, exact_sum
     raw = b'{"type":"result","subtype":"success","result":"x","total_cost_usd":1E-100000000}\n'
     parsed = stream.parse(lines_of([INIT]) + [raw])
     assert parsed.cost_usd is None and "which is not a cost" in parsed.problems[0]

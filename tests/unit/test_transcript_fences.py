@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from runner import intake, transcript
-from runner.transcript import TranscriptError, parse
+from runner.transform import intake, transcript
+from runner.transform.transcript import TranscriptError, parse
 
 LOCK = "sha256:" + "b" * 64
 D = "sha256:" + "c" * 64

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.intake import confirm, confirm_rendered
-from runner.transcript import Rendered, TranscriptError, parse, render, rendered
+from runner.transform.intake import confirm, confirm_rendered
+from runner.transform.transcript import Rendered, TranscriptError, parse, render, rendered
 
 LOCK = "sha256:" + "b" * 64
 D = "sha256:" + "c" * 64

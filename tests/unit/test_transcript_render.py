@@ -1,4 +1,4 @@
-"""The fast YAML layout of runner/yamlfast.py is PyYAML's output or nothing, and its loader's
+"""The fast YAML layout of runner/transform/yamlfast.py is PyYAML's output or nothing, and its loader's
 verdict is the pure loader's: no transcript byte and no intake verdict depends on which path
 ran. Held over random values (with the strings PyYAML treats specially) and over the events of
 the real 2.1.197 stream."""
@@ -13,8 +13,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import stream, transcript, yamlfast
-from runner.transform import SessionFacts, transform
+from runner import stream
+from runner.transform import transcript, yamlfast
+from runner.transform.events import SessionFacts, session_event
 
 AWKWARD = ["", " ", "a ", " a", "yes", "No", "null", "~", "true", "12", "0x1F", "1e3", "2026-12-03", "1_000",
            "-", "- a", "a: b", "a #b", "#", "'", '"', "---", "...", "?", "@x", "`x", "%x", "!x", "&x", "*x",
@@ -117,7 +118,7 @@ def test_real_stream_events_render_the_same_on_both_paths():
     facts = SessionFacts(probe="HW-PRB-0007", session="present-001", workspace="/workspace", config_dir="/session/config",
                          manifest={"a.md": "sha256:" + "1" * 64}, final_file=files.get,
                          identifiers=frozenset({"HW-DR-0052", "HW-DR-0061"}))
-    outcome = transform(stream.parse(raw.splitlines(keepends=True)), facts, ["current HW-DR-0052"],
+    outcome = session_event(stream.parse(raw.splitlines(keepends=True)), facts, ["current HW-DR-0052"],
                         re.compile(r"HW-DR-\d{4}"))
     assert outcome.event is not None and outcome.event["calls"]
     events = [outcome.event, {**outcome.event, "session": "present-002"}, {"probe": "HW-PRB-0008", "session": "absent-001"}]

@@ -32,10 +32,17 @@ def _tar(*members: tuple[str, str, str | bytes]) -> bytes:
     return buf.getvalue()
 
 
+def _extract(data: bytes, dest: Path) -> list[str]:
+    """As the controller does: the fetched tar is a file beside the directory it unpacks into."""
+    path = dest.parent / f"{dest.name}.tar"
+    path.write_bytes(data)
+    return _extract_safely(path, dest)
+
+
 def test_a_file_behind_a_planted_directory_link_is_not_written_outside(tmp_path):
     outside, dest = tmp_path / "outside", tmp_path / "dest"
     outside.mkdir()
-    skipped = _extract_safely(_tar(("link", "a", outside), ("file", "a/x", "planted"),
+    skipped = _extract(_tar(("link", "a", outside), ("file", "a/x", "planted"),
                                    ("dir", "a/sub", ""), ("link", "a/l", "/etc/passwd")), dest)
     assert list(outside.iterdir()) == []
     assert (dest / "a").is_symlink() and os.readlink(dest / "a") == str(outside)  # recreated, not followed
@@ -45,7 +52,7 @@ def test_a_file_behind_a_planted_directory_link_is_not_written_outside(tmp_path)
 def test_a_relative_link_that_climbs_out_is_not_followed(tmp_path):
     outside, dest = tmp_path / "outside", tmp_path / "dest"
     outside.mkdir()
-    skipped = _extract_safely(_tar(("dir", "d", ""), ("link", "d/up", "../../outside"), ("file", "d/up/y", "planted")),
+    skipped = _extract(_tar(("dir", "d", ""), ("link", "d/up", "../../outside"), ("file", "d/up/y", "planted")),
                               dest)
     assert list(outside.iterdir()) == []
     assert skipped == ["d/up/y"]
@@ -54,14 +61,14 @@ def test_a_relative_link_that_climbs_out_is_not_followed(tmp_path):
 def test_a_file_replacing_a_link_replaces_the_link_not_its_target(tmp_path):
     victim, dest = tmp_path / "victim.txt", tmp_path / "dest"
     victim.write_text("unchanged")
-    _extract_safely(_tar(("link", "f", victim), ("file", "f", "new")), dest)
+    _extract(_tar(("link", "f", victim), ("file", "f", "new")), dest)
     assert victim.read_text() == "unchanged"
     assert not (dest / "f").is_symlink() and (dest / "f").read_text() == "new"
 
 
 def test_an_ordinary_workspace_comes_out_whole(tmp_path):
     dest = tmp_path / "dest"
-    skipped = _extract_safely(_tar(("dir", "docs", ""), ("file", "docs/a.md", "# A\n"), ("link", "latest", "docs/a.md"),
+    skipped = _extract(_tar(("dir", "docs", ""), ("file", "docs/a.md", "# A\n"), ("link", "latest", "docs/a.md"),
                                    ("link", "etc", "/etc"), ("dir", "inner", ""), ("link", "inner/up", "../docs"),
                                    ("file", "/abs", "x"), ("file", "../escape", "x")), dest)
     assert (dest / "docs/a.md").read_text() == "# A\n"

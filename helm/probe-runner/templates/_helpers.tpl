@@ -7,6 +7,7 @@ the release name.
 {{- define "probe-runner.name" -}}probe-runner{{- end }}
 
 {{- define "probe-runner.controllerName" -}}{{ .Release.Name }}-controller{{- end }}
+{{- define "probe-runner.sessionName" -}}{{ .Release.Name }}-session{{- end }}
 {{- define "probe-runner.settingsName" -}}{{ .Release.Name }}-settings{{- end }}
 {{- define "probe-runner.proxyName" -}}{{ .Release.Name }}-egress-proxy{{- end }}
 {{- define "probe-runner.providerCAName" -}}{{ .Release.Name }}-provider-ca{{- end }}

@@ -12,8 +12,10 @@ http_port {{ $listen }} ssl-bump tls-cert=/run/squid/tls.crt tls-key=/run/squid/
 acl CONNECT method CONNECT
 acl provider_port port {{ $port }}
 acl provider dstdomain -n {{ $host }}
+acl flood maxconn {{ .Values.egressProxy.maxClientConnections }}
 http_access deny !CONNECT
 http_access deny !provider_port
+http_access deny flood
 http_access allow provider
 http_access deny all
 
@@ -29,7 +31,8 @@ visible_hostname egress-proxy
 httpd_suppress_version_string on
 max_filedescriptors 4096
 
-access_log stdio:/dev/stdout
+logformat tunnel %ts.%03tu %6tr %>a %Ss/%03>Hs %<st %rm %ru sni=%ssl::>sni %<a
+access_log stdio:/dev/stdout tunnel
 cache_log /dev/stderr
 logfile_rotate 0
 netdb_filename none

@@ -1,4 +1,4 @@
-"""The transform-and-intake job: raw streams, artifacts and the plan in; transcripts and
+"""The transform of one campaign: raw streams, artifacts and the plan in; transcripts and
 refusals out.
 
 It reads only the store (never a live session), so it can run anywhere and again at any time:
@@ -13,17 +13,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import MAX_PREC, Decimal, localcontext
+from typing import Any
 
 from runner import layout, stream
 from runner.campaign import load_identifiers
-from runner.intake import confirm_rendered
-from runner.ledger import Ledger
+from runner.ledger import Ledger, SessionState
 from runner.plan import Plan
 from runner.store import NotFound, Store
-from runner.transcript import rendered
-from runner.transform import SessionFacts, SessionOutcome, result_needed, transform
+from runner.transform.events import SessionFacts, SessionOutcome, result_needed, session_event
+from runner.transform.intake import confirm_rendered
+from runner.transform.transcript import rendered
 
 CONTRACT_PROSE = (
     "Every session ran in permission mode dontAsk with --setting-sources project,local, one list "
@@ -49,13 +51,13 @@ class ArmResult:
 
 
 @dataclass
-class JobReport:
+class TransformReport:
     arms: list[ArmResult] = field(default_factory=list)
-    refusals: list[dict] = field(default_factory=list)
+    refusals: list[dict[str, Any]] = field(default_factory=list)
     cost_usd: Decimal = Decimal(0)
 
 
-def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]):
+def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]) -> Callable[[str], bytes | None]:
     def read(rel: str) -> bytes | None:
         if rel not in stored:
             return None
@@ -66,8 +68,8 @@ def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]):
     return read
 
 
-def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys,
-                      identifiers: frozenset[str]) -> tuple[SessionOutcome, dict]:
+def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
+                      identifiers: frozenset[str]) -> tuple[SessionOutcome, dict[str, Any]]:
     capture = json.loads(store.get(keys.capture))
     sealed = json.loads(store.get(keys.seal))
     arts = capture.get("artifacts") or {}
@@ -81,6 +83,7 @@ def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys,
         final_file=_final_file(store, keys, set(arts.get("stored", []))),
         identifiers=identifiers,
         artifacts_collected=bool(capture.get("artifacts")),
+        not_collected_because=capture.get("artifacts_not_collected"),
         links=arts.get("links") or {},
         timed_out=timed_out,
         driver_produced=capture.get("driver_produced", []),
@@ -89,7 +92,7 @@ def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys,
     )
     parsed = stream.parse(store.iter_lines(keys.stream), result_needed(facts), ended_by_driver=timed_out)
     probe = plan.probe(keys.probe)
-    outcome = transform(parsed, facts, probe.answers, plan.identifier_re)
+    outcome = session_event(parsed, facts, probe.answers, plan.identifier_re)
     failed = [c for c in capture.get("confinement_checks") or [] if not c.get("passed")]
     if failed and outcome.event is not None:
         # "Confinement measured": a session that ran while a check found a route open, or the
@@ -97,10 +100,15 @@ def transform_session(store: Store, plan: Plan, keys: layout.SessionKeys,
         c = failed[0]
         outcome = replace(outcome, event=None, refusals=[*outcome.refusals, (
             f"confinement check {c['check']} at {c['at']} failed while this session ran: {c.get('problem', '')}")])
+    if capture.get("oom_killed"):
+        # The kernel ended the session at its memory limit: what the stream shows is where it
+        # died, not where it ended.
+        outcome = replace(outcome, event=None, refusals=[*outcome.refusals, (
+            "the harness container was killed at its memory limit (OOMKilled): the session did not end on its own")])
     return outcome, capture
 
 
-def _measured_confinement(captures: list[dict]) -> str | None:
+def _measured_confinement(captures: list[dict[str, Any]]) -> str | None:
     """What the canary checks recorded with these sessions measured (kubernetes executor)."""
     if not any(c.get("executor") == "kubernetes" for c in captures):
         return None
@@ -121,7 +129,7 @@ def _measured_confinement(captures: list[dict]) -> str | None:
                            "overlapped are refused." for c in failed)
 
 
-def _not_recorded(status: str, st) -> str:
+def _not_recorded(status: str, st: SessionState | None) -> str:
     """Why a session has no event, as precisely as its ledger entry says."""
     reason = st.detail.get("reason") if st else None
     if reason:
@@ -150,7 +158,7 @@ def _cents(total: Decimal) -> int:
         return int(math.ceil(total * 100))
 
 
-def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[dict], planned: int,
+def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[dict[str, Any]], planned: int,
            not_recorded: int) -> list[str]:
     accepted = sum(1 for o in outcomes if o.event is not None)
     allowed = sorted({" ".join(c["harness"].get("allowed_tools", [])) for c in captures}) or ["none captured"]
@@ -193,23 +201,23 @@ def _served_version(plan: Plan, outcomes: list[SessionOutcome]) -> str:
     return ", ".join(served) if served else plan.model
 
 
-def run_job(store: Store, plan: Plan) -> JobReport:
+def run_transform(store: Store, plan: Plan) -> TransformReport:
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     identifiers = load_identifiers(store, plan.campaign)
-    report = JobReport()
-    by_arm: dict[str, list] = {arm.value: [] for arm in plan.arms}
+    report = TransformReport()
+    by_arm: dict[str, list[Any]] = {arm.value: [] for arm in plan.arms}
     for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
         # A session the time limit ended was watched until then: recorded with what it showed.
-        if status != "succeeded" and not (status == "failed" and st.detail.get("timed_out")):
+        if st is None or (status != "succeeded" and not (status == "failed" and st.detail.get("timed_out"))):
             report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
                                     "arm": spec.arm, "status": status, "reason": f"not recorded: {_not_recorded(status, st)}"})
             by_arm[spec.arm].append(None)
             continue
         keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt)
-        outcome, capture = transform_session(store, plan, keys, identifiers)
+        outcome, capture = session_outcome(store, plan, keys, identifiers)
         for reason in outcome.refusals:
             report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
                                     "arm": spec.arm, "status": "refused", "reason": reason})

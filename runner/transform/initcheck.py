@@ -14,6 +14,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def _strings(value: object) -> list[str]:
     return found
 
 
-def _listed(init: dict, key: str, reasons: list[str]) -> list:
+def _listed(init: dict[str, Any], key: str, reasons: list[str]) -> list[Any]:
     """The items the init line lists under ``key``; a value that is no list states nothing, and
     is a refusal, because a check of what loaded cannot read past it."""
     value = init.get(key)
@@ -62,7 +63,7 @@ def _listed(init: dict, key: str, reasons: list[str]) -> list:
     return value
 
 
-def refusals(init: dict, ctx: InitContext) -> list[str]:
+def refusals(init: dict[str, Any], ctx: InitContext) -> list[str]:
     reasons: list[str] = []
     mode = init.get("permissionMode")
     if mode == "bypassPermissions":

@@ -1,4 +1,4 @@
-"""The transform: one session's stream and workspace into one event of the contract.
+"""One session's stream and workspace into one event of the contract: the transform's first step.
 
 It reaches nothing but the stored stream and the files the session left, and it reads no
 probe expectation: every value is computed the same way for every probe (the contract's
@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import PurePosixPath
+from typing import Any
 
 from runner import digest
 from runner.answer import answer_of
-from runner.initcheck import InitContext, refusals
 from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse
+from runner.transform.initcheck import InitContext, refusals
 
 
 @dataclass
@@ -35,6 +36,7 @@ class SessionFacts:
     final_file: Callable[[str], bytes | None]  # bytes a workspace file held when the session ended
     identifiers: frozenset[str]  # the identifiers of the corpus the plan was made over (see cites_of)
     artifacts_collected: bool = True
+    not_collected_because: str | None = None  # the executor's reason, where it gave one
     links: dict[str, str] = field(default_factory=dict)  # workspace links when the session ended: relative path -> target
     timed_out: bool = False  # the driver ended the session at its time limit
     driver_produced: list[str] = field(default_factory=list)
@@ -46,7 +48,7 @@ class SessionFacts:
 class SessionOutcome:
     probe: str
     session: str
-    event: dict | None
+    event: dict[str, Any] | None
     refusals: list[str]
     cost_usd: Decimal | None
     served_models: list[str]
@@ -75,7 +77,7 @@ class _Paths:
         Lexical, as the session named it (``..`` pops a component, nothing is resolved on
         disk), and on strings rather than PurePosixPath objects because it runs for every call
         of every session and pathlib cost more than parsing the stream."""
-        if self._ws_parts is None:
+        if self._ws_parts is None or self._prefix is None:
             return None
         # Most paths a session names are already normal: no ".", ".." or empty component.
         absolute = path if path.startswith("/") else "/" + path
@@ -122,9 +124,10 @@ class _Paths:
                     target = links[head]
                     base = target if target.startswith("/") else posixpath.join(posixpath.dirname(head), target)
                     joined = "/".join([base, *parts[i:]]) if parts[i:] else base
-                    rel = self.relative(joined)
-                    if rel is None:
+                    inside = self.relative(joined)
+                    if inside is None:
                         return None
+                    rel = inside
                     break
             else:
                 return rel
@@ -174,7 +177,8 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
         if isinstance(command, str) and ("/" in command or "~" in command or ".." in command):
             for word in _shell_words(_without_heredoc_bodies(command) if "<<" in command else command):
                 if "/" in word or "~" in word or ".." in word:
-                    path = _PATH_IN_WORD.match(word).group(1)
+                    m = _PATH_IN_WORD.match(word)  # it matches every word: its prefix is optional
+                    path = m.group(1) if m else word
                     if path[:1] in ("/", "~") or "/" in path or path == "..":
                         add(path)
     return list(found)
@@ -322,11 +326,11 @@ def _wrote(use: ToolUse, parsed: ParsedStream) -> bool:
     return res is None or (not res.is_error and res.changed is not False)
 
 
-def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dict]:
+def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dict[str, Any]]:
     calls = []
     written: set[str] = set()
     for use in parsed.tool_uses:
-        call = {"tool": use.name, "argument": argument_of(use, paths)}
+        call: dict[str, Any] = {"tool": use.name, "argument": argument_of(use, paths)}
         res = parsed.results.get(use.id)
         if res is not None:
             rel = None
@@ -392,7 +396,7 @@ def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:
     return named
 
 
-def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifier: re.Pattern[str], notes: list[str]) -> list[dict]:
+def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifier: re.Pattern[str], notes: list[str]) -> list[dict[str, Any]]:
     """The contract's produced: each path a structured write changed, once, in order (through a
     link, the file it changed; a write that failed or changed nothing produced nothing), then each
     path the driver named that the session left; result and cites read off the file."""
@@ -418,7 +422,7 @@ def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifi
         named.append(shown)
     produced = []
     for shown in named:
-        entry: dict = {"path": shown}
+        entry: dict[str, Any] = {"path": shown}
         inside = paths.relative(shown) is not None
         data = facts.final_file(shown) if inside else None
         if data is not None:
@@ -432,8 +436,9 @@ def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifi
 
 def _final_message(parsed: ParsedStream) -> str | None:
     result = parsed.result or {}
-    if result.get("subtype") == "success" and not result.get("is_error") and isinstance(result.get("result"), str):
-        return result["result"]
+    text = result.get("result")
+    if result.get("subtype") == "success" and not result.get("is_error") and isinstance(text, str):
+        return text
     return None
 
 
@@ -448,7 +453,7 @@ def _harness_error(parsed: ParsedStream) -> str | None:
     return None
 
 
-def transform(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[str], identifier: re.Pattern[str]) -> SessionOutcome:
+def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[str], identifier: re.Pattern[str]) -> SessionOutcome:
     paths = _Paths(facts.workspace)
     notes = list(parsed.notes)
     reasons = list(parsed.problems)
@@ -462,13 +467,14 @@ def transform(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[
         if error:
             reasons.append(error)
     outside = _outside_paths(parsed.tool_uses, paths)
-    event = None
+    event: dict[str, Any] | None = None
     if not reasons:
         event = {"probe": facts.probe, "session": facts.session, "calls": _calls(parsed, facts, paths)}
         if facts.artifacts_collected:
             event["produced"] = _produced(parsed, facts, paths, identifier, notes)
         else:
-            notes.append("the files the session changed were not collected, so the event has no produced key")
+            notes.append(f"{facts.not_collected_because or 'the files the session changed were not collected'}, "
+                         "so the event has no produced key")
         # A watched session is an observation: answer null where the final line states no declared
         # answer, where the probe declares none, and where the time limit ended the session.
         event["answer"] = answer_of(_final_message(parsed), declared_answers)

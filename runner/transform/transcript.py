@@ -14,12 +14,13 @@ its lines can close, and the reader takes fences, headings and lines as CommonMa
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from runner import yamlfast
+from runner.transform import yamlfast
 
 RUN_IDENTITY_KEYS = (
     "model", "served_version", "tree", "lock", "selection", "read_set",
@@ -63,7 +64,7 @@ _load = yamlfast.loader(_fast_dump)
 
 
 def _dump(value: object) -> str:
-    """PyYAML's text, from the fast layout when it can vouch for the value (runner/yamlfast.py)."""
+    """PyYAML's text, from the fast layout when it can vouch for the value (runner/transform/yamlfast.py)."""
     text = _fast_dump(value)
     return _pyyaml_dump(value) if text is None else text
 
@@ -105,7 +106,7 @@ def _fenced(block: str) -> str:
     return fence + "yaml\n" + block + fence + "\n"
 
 
-def rendered(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> Rendered:
+def rendered(front: dict[str, Any], title: str, prose: list[str], identity: dict[str, Any], events: list[dict[str, Any]]) -> Rendered:
     blocks = tuple((_dump(value), value) for value in ({"kind": KIND, **front}, identity, events))
     parts = [
         "---\n" + blocks[0][0] + "---\n",
@@ -119,13 +120,13 @@ def rendered(front: dict, title: str, prose: list[str], identity: dict, events: 
     return Rendered("\n".join(parts), blocks)
 
 
-def render(front: dict, title: str, prose: list[str], identity: dict, events: list[dict]) -> str:
+def render(front: dict[str, Any], title: str, prose: list[str], identity: dict[str, Any], events: list[dict[str, Any]]) -> str:
     return rendered(front, title, prose, identity, events).text
 
 
 @dataclass
 class ParsedTranscript:
-    front: dict
+    front: dict[str, Any]
     identity: object
     events: object
 
@@ -194,7 +195,7 @@ def _dedent(content: str, indent: int) -> str:
     return "\n".join(out)
 
 
-def _blocks(text: str, pos: int = 0):
+def _blocks(text: str, pos: int = 0) -> Iterator[tuple[Any, ...]]:
     """The headings and fenced blocks of ``text`` from ``pos`` (a line start) on, read by
     CommonMark's rules for a document without containers: ``("heading", level, text)`` for an
     ATX or setext heading, ``("fence", info, content, closed)`` for a fenced block, ``content``
@@ -271,7 +272,7 @@ def _sections(text: str, pos: int = 0) -> dict[str, list[tuple[str, str]]]:
     """Level-2 sections of ``text`` from ``pos`` on -> the fenced blocks under each, as (info
     string, the block's lines joined by line breaks). A level-1 heading ends a section, deeper
     ones do not."""
-    sections: dict[str, list] = {}
+    sections: dict[str, list[Any]] = {}
     current = None
     for block in _blocks(text, pos):
         if block[0] == "fence":

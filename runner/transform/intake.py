@@ -16,16 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from runner.digest import is_digest
-from runner.transcript import CALL_KEYS, EVENT_KEYS, PRODUCED_KEYS, RUN_IDENTITY_KEYS, ParsedTranscript, Rendered, TranscriptError, parse, reread
+from runner.transform.transcript import CALL_KEYS, EVENT_KEYS, PRODUCED_KEYS, RUN_IDENTITY_KEYS, ParsedTranscript, Rendered, TranscriptError, parse, reread
 
 
 @dataclass
 class IntakeResult:
     refusal: str | None  # the confirmation that refused the whole file, and why
-    dropped: list[dict] = field(default_factory=list)  # {"probe", "session", "reason"}
-    events: list[dict] = field(default_factory=list)
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # {"probe", "session", "reason"}
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _closed(obj: object, allowed: tuple[str, ...], where: str) -> str | None:
@@ -38,7 +39,7 @@ def _closed(obj: object, allowed: tuple[str, ...], where: str) -> str | None:
     return None
 
 
-def _check_prose(identity: dict, events: list) -> str | None:
+def _check_prose(identity: dict[str, Any], events: list[Any]) -> str | None:
     problem = _closed(identity, RUN_IDENTITY_KEYS, "run identity")
     if problem:
         return problem
@@ -102,7 +103,7 @@ def confirm_rendered(r: Rendered, plan_lock: str, probe_ids: set[str]) -> Intake
     return _confirmed(reread, r, plan_lock, probe_ids)
 
 
-def _confirmed(read: Callable, source: object, plan_lock: str, probe_ids: set[str]) -> IntakeResult:
+def _confirmed(read: Callable[..., Any], source: object, plan_lock: str, probe_ids: set[str]) -> IntakeResult:
     try:
         parsed = read(source)
     except TranscriptError as e:
