@@ -20,7 +20,7 @@ from pathlib import Path
 
 from runner import digest, hooks, layout, logs, stream
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Executor
+from runner.executors.base import Executor, Slot, Slots
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
@@ -246,36 +246,39 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             report.skipped[spec.key] = status
     progress = Progress(total=len(todo), out=progress_out)
 
+    slots = Slots(concurrency, executor.waiting_room)
+
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
-        why = executor.halted()
-        if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
-            report.unconfined = why
-            progress.session(spec, f"not started ({why})", None)
-            return
-        if backoff is not None and not adopt:
-            try:
-                backoff.wait()
-            except Halted as e:  # nothing is journaled: the next run starts it
-                progress.session(spec, f"not started ({e})", None)
+        with slots.take(force=adopt) as slot:  # a session whose harness already runs is followed at once
+            why = executor.halted()
+            if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
+                report.unconfined = why
+                progress.session(spec, f"not started ({why})", None)
                 return
-        signals = Signals()
-        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced,
-                               adopt, signals)
-        report.ran.append(spec.key)
-        progress.session(spec, status, cost)
-        if backoff is not None and status in ("succeeded", "failed"):
-            if signals.refused is not None:
-                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
-                              f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
-                              f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
-                              f"failed on it")
-            pause = backoff.record(signals)
-            if pause > 0:
-                progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
-                              f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s")
+            if backoff is not None and not adopt:
+                try:
+                    backoff.wait()
+                except Halted as e:  # nothing is journaled: the next run starts it
+                    progress.session(spec, f"not started ({e})", None)
+                    return
+            signals = Signals()
+            status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced,
+                                   adopt, signals, slot)
+            report.ran.append(spec.key)
+            progress.session(spec, status, cost)
+            if backoff is not None and status in ("succeeded", "failed"):
+                if signals.refused is not None:
+                    progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
+                                  f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
+                                  f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
+                                  f"failed on it")
+                pause = backoff.record(signals)
+                if pause > 0:
+                    progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
+                                  f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s")
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
         for f in [pool.submit(one, item) for item in todo]:
             f.result()
     report.halted = backoff.halted if backoff is not None else None
@@ -285,11 +288,12 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
 
 def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
-            attempt: int, corpus_digest: str, produced: list[str], adopt: bool = False,
-            signals: Signals | None = None) -> tuple[str, Decimal | None]:
+            attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
+            slot: Slot) -> tuple[str, Decimal | None]:
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
-    says about provider throttling is noted into ``signals``."""
+    says about provider throttling is noted into ``signals``; ``slot`` is its place among the
+    running sessions, which the executor may step aside while the session waits to start."""
     with logs.session_context(plan.campaign, spec.probe, spec.name, attempt):
         decl = declaration(plan, spec, corpus_digest)
         current = ledger.state(spec.key)
@@ -318,7 +322,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
                 """The stored stream, parsed once: the executor asks for its write paths before it
                 collects the artifacts, and the outcome needs its cost and throttling after."""
                 if not parsed_once:
-                    parsed_once.append(stream.parse(observe(store.iter_lines(keys.stream), signals or Signals())))
+                    parsed_once.append(stream.parse(observe(store.iter_lines(keys.stream), signals)))
                 return parsed_once[0]
 
             def also(k: layout.SessionKeys, workspace: str) -> set[str]:
@@ -329,7 +333,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
                 ledger.start(spec.key, attempt)
 
             try:
-                record = executor.run(plan, probe, sealed, scratch, store, keys, also, started)
+                record = executor.run(plan, probe, sealed, scratch, store, keys, also, started, slot)
             except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
                 return f"not started ({e})", None
             except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
@@ -352,7 +356,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
             record["driver_produced"] = list(produced)
             store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
             parsed = parsed_stream()
-            refused = signals.refused if signals is not None else None
+            refused = signals.refused
             status = "failed" if record["timed_out"] or refused is not None else "succeeded"
             detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
             if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again

@@ -6,7 +6,9 @@ between sessions), close at the end."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
@@ -46,9 +48,82 @@ class CaptureRecord(TypedDict):
     driver_produced: NotRequired[list[str]]                # added by the campaign: paths it may write unnamed
 
 
+class Slots:
+    """The campaign's ``concurrency``: at most ``running`` sessions hold a slot (their harness
+    may spend); beside them, up to ``waiting`` sessions whose start is still waiting on the
+    platform (a pod the scheduler cannot place, an image pull, a quota) may step aside and
+    give their slot to a session that can start. A session coming back from the side is
+    served before a new one, so a session that waited is not overtaken for ever."""
+
+    def __init__(self, running: int, waiting: int = 0) -> None:
+        self.running_limit, self.waiting_limit = running, waiting
+        self.running = 0   # sessions holding a slot
+        self.waiting = 0   # sessions stepped aside
+        self.returning = 0  # stepped-aside sessions waiting to take a slot back
+        self._cond = threading.Condition()
+
+    @contextmanager
+    def take(self, force: bool = False) -> Iterator[Slot]:
+        """Hold a slot for one session attempt; ``force``: at once, past the limit (a session
+        whose harness already runs, adopted after a restart, must be followed now)."""
+        with self._cond:
+            self._cond.wait_for(lambda: force or (self.running < self.running_limit and not self.returning))
+            self.running += 1
+        slot = Slot(self)
+        try:
+            yield slot
+        finally:
+            with self._cond:
+                if slot.held:
+                    self.running -= 1
+                else:
+                    self.waiting -= 1
+                self._cond.notify_all()
+
+
+class Slot:
+    """One session's place in ``Slots``: held, or stepped aside while its start waits."""
+
+    def __init__(self, slots: Slots) -> None:
+        self.slots = slots
+        self.held = True
+
+    def aside(self) -> bool:
+        """Give the slot up while this session waits to start, if the waiting room has space;
+        returns whether this session is (now) aside."""
+        s = self.slots
+        with s._cond:
+            if self.held and s.waiting < s.waiting_limit:
+                self.held = False
+                s.running -= 1
+                s.waiting += 1
+                s._cond.notify_all()
+            return not self.held
+
+    def back(self, timeout: float) -> bool:
+        """Take a slot again before the harness can start; False if none was free within
+        ``timeout`` seconds (the session is then still aside)."""
+        s = self.slots
+        with s._cond:
+            if self.held:
+                return True
+            s.returning += 1
+            try:
+                if not s._cond.wait_for(lambda: s.running < s.running_limit, timeout=max(timeout, 0)):
+                    return False
+            finally:
+                s.returning -= 1
+                s._cond.notify_all()
+            self.held = True
+            s.running += 1
+            s.waiting -= 1
+            return True
+
+
 class Executor(Protocol):
     name: str          # "local" or "kubernetes": the capture record's ``executor``
     confinement: str   # the transcript's confinement prose for sessions it ran
+    waiting_room: int  # sessions that may wait to start beside the running ones, holding no slot (Slots)
 
     def preflight(self) -> None:
         """Refuse, before anything is journaled or spent, a place where a session cannot be
@@ -60,9 +135,10 @@ class Executor(Protocol):
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store,
             keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]],
-            started: Callable[[], None]) -> CaptureRecord:
+            started: Callable[[], None], slot: Slot) -> CaptureRecord:
         """Run one session attempt to its end: call ``started()`` just before the harness can
-        spend, store its stream under ``keys.stream`` (verified), collect the files it changed
+        spend (holding ``slot``: a session whose start waits on the platform may step it aside
+        and must take it back first), store its stream under ``keys.stream`` (verified), collect the files it changed
         (and those ``also_collect`` names), and return its capture record. Raises NotStarted
         (nothing ran), SessionRefused (the harness never ran) or SessionInterrupted."""
 

@@ -42,7 +42,7 @@ from runner.entrypoints.pod import (
     record_argv,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import CaptureRecord, Live
+from runner.executors.base import CaptureRecord, Live, Slot
 from runner.executors.capture import collect_workspace
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, QuotaExceeded
@@ -78,9 +78,11 @@ class KubernetesExecutor:
     cache: PodCache | None = None
     proxy_url: str | None = None  # HTTPS_PROXY of session pods, by address (set by preflight)
     monitor: ConfinementMonitor | None = None  # the canary checks (started by prepare)
+    waiting_room: int = 0  # kube.waiting_pods
 
     def __post_init__(self) -> None:
         k = self.settings.kube
+        self.waiting_room = k.waiting_pods
         self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
         self.waiting = Waiting()
@@ -140,14 +142,15 @@ class KubernetesExecutor:
     # ---- one session -----------------------------------------------------------------------
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None]) -> CaptureRecord:
+            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
+            slot: Slot) -> CaptureRecord:
         assert self.cache is not None and self.proxy_url is not None, "preflight() and prepare() first"
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
                                          self.proxy_url)
         name = manifest["metadata"]["name"]
         checks_before = self.monitor.count() if self.monitor is not None else 0
         self.waiting.bind(store, plan.campaign)
-        self._start_pod(name, manifest, f"{keys.probe}/{keys.session}")
+        self._start_pod(name, manifest, f"{keys.probe}/{keys.session}", slot)
         if self._exec(name, is_delivered_argv(), check=False).code != 0:
             started()
             self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid))
@@ -211,11 +214,16 @@ class KubernetesExecutor:
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def _start_pod(self, name: str, manifest: dict, session: str) -> None:
+    def _start_pod(self, name: str, manifest: dict, session: str, slot: Slot) -> None:
         """Create the pod and wait for its reader to run; what it waits for meanwhile (the
-        scheduler's message, an image pull, a quota) is kept in ``waiting`` for ``status``."""
+        scheduler's message, an image pull, a quota) is kept in ``waiting`` for ``status``.
+        A pod that waits past kube.waiting_grace_seconds steps aside (``slot.aside()``) so
+        another session can start, and takes a slot back once it runs, before anything can
+        spend; one that gets none within its start timeout is deleted, and the session waits
+        for a slot without a pod before it creates another (its deadline counts from creation)."""
         assert self.cache is not None
-        timeout = self.settings.kube.start_timeout_seconds
+        k = self.settings.kube
+        timeout = k.start_timeout_seconds
         why = "no attempt made"
 
         def started(pod: dict | None) -> Startup | None:
@@ -224,14 +232,30 @@ class KubernetesExecutor:
                 self.waiting.note(session, podstate.waiting(pod))
             return start
 
-        for _ in range(START_ATTEMPTS):
-            self._create(manifest, session, timeout)
+        attempts = 0
+        while attempts < START_ATTEMPTS:
+            attempts += 1
+            created = time.monotonic()
+            self._create(manifest, session, timeout, slot)
             self.cache.wait(name, lambda p: p is not None, timeout=60)
-            start = self.cache.wait(name, started, timeout=timeout) or Startup(
+            start = self.cache.wait(name, started, timeout=max(0.0, created + k.waiting_grace_seconds - time.monotonic()))
+            if start is None and slot.aside():
+                log.info("pod %s waits to start; its slot goes to another session meanwhile", name)
+            start = start or self.cache.wait(name, started, timeout=max(0.0, created + timeout - time.monotonic())) or Startup(
                 "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
-                self.waiting.note(session, None)
-                return
+                if not slot.held:
+                    self.waiting.note(session, "running, waiting for a running session to end (concurrency)")
+                if slot.back(created + timeout - time.monotonic()):
+                    self.waiting.note(session, None)
+                    return
+                log.info("pod %s ran but no slot came free within its start timeout: deleted, a new one when a slot is free", name)
+                self._delete(name, grace=0)
+                self.cache.wait(name, lambda p: p is None, timeout=120)
+                self.waiting.note(session, "waiting for a slot")
+                slot.back(float("inf"))
+                attempts -= 1  # the pod did start: not a failed attempt
+                continue
             if start.kind == "gone":
                 self.waiting.note(session, f"did not start: {start.why}")
                 raise NotStarted(start.why)
@@ -241,10 +265,12 @@ class KubernetesExecutor:
         self.waiting.note(session, f"did not start: {why}")
         raise NotStarted(f"pod {name} did not start: {why}")
 
-    def _create(self, manifest: dict, session: str, timeout: float) -> None:
+    def _create(self, manifest: dict, session: str, timeout: float, slot: Slot) -> None:
         """Create the pod; a namespace quota that refuses it now may admit it once other
-        sessions end, so that refusal is waited out (up to ``timeout``), not a failure."""
-        deadline = time.monotonic() + timeout
+        sessions end, so that refusal is waited out (up to ``timeout``, aside after the
+        grace), not a failure."""
+        first = time.monotonic()
+        deadline = first + timeout
         while True:
             try:
                 with self._create_slots:
@@ -255,6 +281,8 @@ class KubernetesExecutor:
                     why = f"the namespace's quota refused the pod for {timeout:g} s: {e}"
                     self.waiting.note(session, f"did not start: {why}")
                     raise NotStarted(why) from None
+                if time.monotonic() > first + self.settings.kube.waiting_grace_seconds:
+                    slot.aside()
                 self.waiting.note(session, f"quota: {e}")
                 time.sleep(5)
 

@@ -58,7 +58,7 @@ from pathlib import Path
 from runner import harness, hooks
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
-from runner.executors.base import CaptureRecord, Live
+from runner.executors.base import CaptureRecord, Live, Slot
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
@@ -213,6 +213,7 @@ class LocalExecutor:
     settings: Settings
     name: str = "local"
     confinement: str = CONFINEMENT_PROSE
+    waiting_room: int = 0  # a session here starts at once: nothing waits on a platform
     harness: str | None = None
     harness_version: str | None = None
     bwrap: str | None = None
@@ -277,8 +278,10 @@ class LocalExecutor:
         return bwrap_args(self.bwrap, self.harness, workspace, config_dir, log_dir, root_siblings(), self.loader, *fds)
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None]) -> CaptureRecord:
-        """Run one session; returns its capture record (the stream is in the store)."""
+            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
+            slot: Slot) -> CaptureRecord:
+        """Run one session, holding ``slot`` throughout; returns its capture record (the stream
+        is in the store)."""
         s = self.settings
         assert self.harness is not None, "preflight() first"
         config_dir, log_dir = scratch / "config", scratch / "log"

@@ -177,6 +177,9 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
         prose.append(f"Sessions named {sum(n for _, n in outside)} paths outside the workspace in all ({detail}).")
     else:
         prose.append("No session named a path outside the workspace.")
+    noted = [f"{o.probe} {o.session}: {'; '.join(o.notes)}" for o in outcomes if o.event is not None and o.notes]
+    if noted:  # what the recorder saw of single events: an absent key, a file the session did not leave
+        prose.append(f"Notes on single events. {'. '.join(noted)}.")
     limited = [o for o in outcomes if o.timed_out and o.event is not None]
     if limited:
         prose.append(f"The time limit ended {len(limited)} session(s) before the harness finished "

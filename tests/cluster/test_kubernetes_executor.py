@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from runner import demo
+from runner import demo, layout
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.executors.kubernetes import START_ATTEMPTS, KubernetesExecutor
@@ -30,6 +30,7 @@ from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import load_settings
 from runner.store import open_store
+from runner.transform.run import run_transform
 
 sys.path.insert(0, str(Path(__file__).parent))
 from relay import Relay  # noqa: E402
@@ -337,6 +338,45 @@ def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, no
     assert "sha256:" + hashlib.sha256(store.get(state.detail["stream"]["key"])).hexdigest() == want
 
 
+def test_a_workspace_past_the_collection_limit_is_not_collected_and_the_event_says_why(kube_cluster, nodes, namespace,
+                                                                                       sim_root, tmp_path, claude_path):
+    """Issue 14, item 3: "a size limit per session that is a setting and a clear outcome when
+    it is exceeded". The real CLI runs a demo session whose workspace packs to more than a
+    4 KiB kube.collect_max_bytes: nothing of it is fetched, the session still succeeds with its
+    stream, its capture record says why, and its event has no produced key, with the reason in
+    the transcript's prose."""
+    store_uri = (tmp_path / "store").as_uri()
+    plan = _plan(f"limit-{_uid()}", 1)
+    plan = plan.model_copy(update={"probes": plan.probes[:1], "arms": plan.arms[:1]})
+    with ScriptedProvider(json.loads(demo.SCENARIOS.read_text())) as provider, \
+            SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]) as sim:
+        settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__BASE_URL=provider.base_url,
+                                  RUNNER_PROVIDER__API_KEY="demo-key", RUNNER_KUBE__COLLECT_MAX_BYTES="4096"))
+        store = open_store(store_uri, settings)
+        executor = KubernetesExecutor(settings, Kube(settings.kube))
+        try:
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        assert not sim.errors, sim.errors
+    (key, state), = Ledger(store, plan.campaign).sessions().items()
+    assert state.status == "succeeded", state.detail
+    keys = layout.SessionKeys(plan.campaign, *key.split("/"), state.attempt)
+    capture = json.loads(store.get(keys.capture))
+    assert capture["artifacts"] is None
+    assert capture["artifacts_not_collected"] == ("the workspace packs to more than kube.collect_max_bytes (4096 bytes); "
+                                                  "its files were not collected")
+    assert not [k for k in store.list(keys.prefix) if "/artifacts/" in k]
+    report = run_transform(store, plan)
+    (arm,) = report.arms
+    assert arm.refusal is None and arm.events == 1 and arm.key is not None, report
+    transcript = store.get(arm.key).decode()
+    assert "produced:" not in transcript
+    assert "kube.collect_max_bytes (4096 bytes); its files were not collected, so the event has no produced key" \
+        in " ".join(transcript.split()), transcript
+    _wait_no_pods(kube_cluster, namespace)
+
+
 def test_unschedulable_session_never_starts_is_cleaned_up_and_stays_runnable(kube_cluster, nodes, namespace, sim_root,
                                                                            shared, real_stream, tmp_path):
     """A pod no node accepts spent nothing: it is deleted and tried again (START_ATTEMPTS
@@ -368,6 +408,76 @@ def test_unschedulable_session_never_starts_is_cleaned_up_and_stays_runnable(kub
     assert status.returncode == 0, status.stderr
     assert "1 waiting: did not start: not running after 2 s: unschedulable: 0/" in status.stdout, status.stdout
     assert "didn't match Pod's node affinity/selector" in status.stdout, status.stdout
+
+
+def test_a_pod_waiting_to_start_holds_no_slot_of_the_running_sessions(kube_cluster, nodes, namespace, sim_root, shared,
+                                                                       real_stream, tmp_path):
+    """Issue 14: "pending pods never hold the slots of running ones". Concurrency 1, two
+    sessions; the first one's pod fits no node until the cluster grows (a node pool scaled up
+    later, as an autoscaler does). Before, the waiting pod held the only slot: the second
+    session started only after the first gave up (3 x the start timeout). Now the waiting pod
+    steps aside after kube.waiting_grace_seconds, the second session runs meanwhile, and when
+    the new node takes the first pod it waits, running, for the slot before its harness may
+    start (its start is journaled after the other's outcome), and one pod for each session
+    (none recreated)."""
+    store_uri = (tmp_path / "store").as_uri()
+    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                              RUNNER_KUBE__START_TIMEOUT_SECONDS="60", RUNNER_KUBE__WAITING_PODS="1",
+                              RUNNER_KUBE__WAITING_GRACE_SECONDS="1"))
+    plan = _plan(f"aside-{_uid()}", 2)
+    plan = plan.model_copy(update={"probes": plan.probes[:1], "arms": plan.arms[:1]})
+    store = open_store(store_uri, settings)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    pool = f"late-{_uid()}"
+    stuck: dict[str, str] = {}
+    real_create = executor.kube.create_pod
+
+    def create_pod(manifest: dict) -> bool:
+        """The first session to get a slot is the one whose pods need the node pool that does not exist yet."""
+        session = manifest["metadata"]["annotations"][names.SESSION]
+        stuck.setdefault("session", session)
+        if session == stuck["session"]:
+            manifest = {**manifest, "spec": {**manifest["spec"], "nodeSelector": {"pool": pool}}}
+        return real_create(manifest)
+
+    executor.kube.create_pod = create_pod  # type: ignore[method-assign]
+    seen: dict[str, object] = {}
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream, 6.0), harness_binds=(str(shared),)) as sim:
+        def grow_the_cluster_while_the_other_runs() -> None:
+            deadline = time.monotonic() + 45  # before the fix the other never starts: grow anyway, so the run ends
+            while time.monotonic() < deadline and not any(p.harness_started for p in list(sim.pods.values())):
+                time.sleep(0.1)
+            seen["other_started_after"] = 45 - (deadline - time.monotonic())
+            time.sleep(1.0)  # the Waiting writer's flush (at most once a second)
+            seen["waiting"] = json.loads(store.get(layout.waiting_key(plan.campaign)))
+            kube_cluster.add_nodes(1, prefix=pool, labels={"pool": pool})
+
+        grower = threading.Thread(target=grow_the_cluster_while_the_other_runs)
+        grower.start()
+        try:
+            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [],
+                                  progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        grower.join()
+        assert not sim.errors, sim.errors
+        # Both pods ran at once (SimNode counts harness containers, which wait for their
+        # workspace): the first one's pod came up while the other session ran, and waited.
+        assert sim.max_running == 2
+        assert all(len(uids) == 1 for uids in sim.created.values()), sim.created
+    assert seen["other_started_after"] < 20, seen  # before: 45 (the first session held the slot)
+    assert "unschedulable" in seen["waiting"]["sessions"][f"{plan.probes[0].id}/{stuck['session']}"]["reason"], seen
+    assert len(report.ran) == 2
+    ledger = Ledger(store, plan.campaign)
+    states = ledger.sessions()
+    assert {s.status for s in states.values()} == {"succeeded"}, {k: (s.status, s.detail) for k, s in states.items()}
+    waited = f"{plan.probes[0].id}/{stuck['session']}"
+    (other,) = set(states) - {waited}
+    at = {(e["type"], e["session"]): e["at"] for e in ledger.entries if e["type"] in ("start", "outcome")}
+    # The waiting session's harness started only once the other had ended: its slot came back.
+    assert at[("start", other)] < at[("outcome", other)] <= at[("start", waited)], at
+    assert not ledger.verify()
+    _wait_no_pods(kube_cluster, namespace)
 
 
 def test_a_session_the_namespace_quota_refuses_waits_and_says_so(kube_cluster, nodes, namespace, sim_root, shared,

@@ -209,6 +209,7 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     assert s.s3.endpoint_url == (v["bucket"]["endpoint"] or None) and s.s3.region == (v["bucket"]["region"] or None)
     assert s.provider.base_url == v["provider"]["baseUrl"]
     assert s.concurrency == v["controller"]["concurrency"]
+    assert (k.waiting_pods, k.waiting_grace_seconds) == (v["controller"]["waitingPods"], v["controller"]["waitingGraceSeconds"])
     assert s.harness.timeout_seconds == v["session"]["timeoutSeconds"]
     assert (k.namespace, k.instance) == ("probes", "team-a")
     assert (k.harness_image, k.reader_image) == (v["images"]["harness"], v["images"]["runner"])
