@@ -19,11 +19,13 @@ from decimal import Decimal
 from pathlib import Path
 
 from runner import digest, hooks, layout, logs, stream
+from runner.budget import Gate, OverBudget
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import Executor, Slot, Slots
 from runner.ledger import Ledger
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
+from runner.settings import BudgetSettings
 from runner.store import AlreadyExists, Store
 from runner.throttle import Backoff, Halted, Signals, observe, refused_key
 from runner.transform.events import corpus_identifiers, shown_paths, written_paths
@@ -211,13 +213,16 @@ class RunReport:
     interrupted: list[str] = field(default_factory=list)
     halted: str | None = None  # why session starts stopped (a refused key), or None
     unconfined: str | None = None  # why session starts stopped (a failed confinement check), or None
+    over_budget: list[str] = field(default_factory=list)  # sessions not started: their reservation did not fit
+    budget_why: str | None = None  # the budget's words for the last of them
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
                  produced: list[str], progress_out=sys.stderr, resume: set[str] | None = None,
-                 backoff: Backoff | None = None) -> RunReport:
+                 backoff: Backoff | None = None, budget: BudgetSettings | None = None) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
-    starts while the provider throttles (see runner/throttle.py)."""
+    starts while the provider throttles (see runner/throttle.py); ``budget`` (default: none)
+    starts no session whose reservation would take the campaign past its budget (runner/budget.py)."""
     store_plan(store, plan)
     store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
@@ -247,6 +252,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     progress = Progress(total=len(todo), out=progress_out)
 
     slots = Slots(concurrency, executor.waiting_room)
+    reservation = budget.reservation() if budget is not None else None
+    gate = Gate(ledger, budget.campaign_usd, reservation) if budget and budget.campaign_usd and reservation else None
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
@@ -262,9 +269,24 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 except Halted as e:  # nothing is journaled: the next run starts it
                     progress.session(spec, f"not started ({e})", None)
                     return
+            if gate is not None:
+                try:
+                    if adopt:
+                        gate.adopt()
+                    else:
+                        gate.hold()
+                except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
+                    report.over_budget.append(spec.key)
+                    report.budget_why = str(e)
+                    progress.session(spec, "not started (over budget)", None)
+                    return
             signals = Signals()
-            status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest, produced,
-                                   adopt, signals, slot)
+            try:
+                status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
+                                       produced, adopt, signals, slot, gate.money() if gate is not None else None)
+            finally:
+                if gate is not None:
+                    gate.done(ledger, spec.key, attempt)
             report.ran.append(spec.key)
             progress.session(spec, status, cost)
             if backoff is not None and status in ("succeeded", "failed"):
@@ -289,11 +311,12 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
 def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
             attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
-            slot: Slot) -> tuple[str, Decimal | None]:
+            slot: Slot, money: dict[str, str] | None) -> tuple[str, Decimal | None]:
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
     says about provider throttling is noted into ``signals``; ``slot`` is its place among the
-    running sessions, which the executor may step aside while the session waits to start."""
+    running sessions, which the executor may step aside while the session waits to start;
+    ``money`` is the budget's reservation, journaled with its start."""
     with logs.session_context(plan.campaign, spec.probe, spec.name, attempt):
         decl = declaration(plan, spec, corpus_digest)
         current = ledger.state(spec.key)
@@ -330,7 +353,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
                 return named_write_paths(parsed_stream(), workspace) | shown_paths(produced, workspace)
 
             def started() -> None:
-                ledger.start(spec.key, attempt)
+                ledger.start(spec.key, attempt, money)
 
             try:
                 record = executor.run(plan, probe, sealed, scratch, store, keys, also, started, slot)
@@ -359,6 +382,8 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
             refused = signals.refused
             status = "failed" if record["timed_out"] or refused is not None else "succeeded"
             detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
+            if parsed.cost_usd is not None:  # what the budget's books settle this attempt at
+                detail["cost_usd"] = str(parsed.cost_usd)
             if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
                 detail["reason"] = refused_key(refused)
             hooks.stage("before-outcome")

@@ -21,7 +21,7 @@ from typing import Any
 import click
 
 from runner import __version__, layout, logs
-from runner.errors import EXIT_CONFINEMENT, EXIT_USAGE, UserError
+from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, UserError
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
@@ -32,6 +32,7 @@ Settings come from the environment (prefix RUNNER_, '__' between nested names), 
 flags override them.
 \b
 Exit status: 0 all recorded; 1 sessions left interrupted or not started; 2 bad input;
+3 the campaign's budget stopped it (the sessions not started wait for a larger budget);
 12 a session could not be confined or something was refused (see the refused section)."""
 
 PLAN_HELP = "the plan file (JSON, or YAML by .yaml/.yml)"
@@ -50,21 +51,53 @@ def corpus_option(help: str = CORPUS_HELP) -> Callable:
     return click.option("--corpus", type=click.Path(path_type=Path, file_okay=False), required=True, help=help)
 
 
-def with_settings(concurrency: bool = False) -> Callable:
-    """Give the command its settings (environment, then its --store/--concurrency flags) as
-    the first argument, with logging configured once from them and the group's -v, before
-    the command runs."""
+budget_options = [
+    click.option("--budget-usd", type=click.FloatRange(min=0, min_open=True), metavar="USD",
+                 help="the campaign's spend limit over all its runs; no session starts whose reservation would pass it "
+                      "(default: $RUNNER_BUDGET__CAMPAIGN_USD, or none)"),
+    click.option("--session-budget-usd", type=click.FloatRange(min=0, min_open=True), metavar="USD",
+                 help="each session's limit, the CLI's --max-budget-usd (default: $RUNNER_BUDGET__SESSION_USD, or none)"),
+]
+
+
+def with_settings(concurrency: bool = False, budget: bool = False) -> Callable:
+    """Give the command its settings (environment, then its --store/--concurrency/--budget-usd/
+    --session-budget-usd flags) as the first argument, with logging configured once from them
+    and the group's -v, before the command runs."""
     def decorate(command: Callable[..., int]) -> Callable[..., int]:
         @functools.wraps(command)
-        def wrapper(*args: Any, store: str | None, concurrency: int | None = None, **kwargs: Any) -> int:
+        def wrapper(*args: Any, store: str | None, concurrency: int | None = None, budget_usd: float | None = None,
+                    session_budget_usd: float | None = None, **kwargs: Any) -> int:
             settings = load_settings(store=store, concurrency=concurrency)
+            flags = {k: Decimal(str(v)) for k, v in (("campaign_usd", budget_usd), ("session_usd", session_budget_usd))
+                     if v is not None}
+            if flags:
+                settings = settings.model_copy(update={"budget": budget_settings(settings, flags)})
             verbose = click.get_current_context().find_root().params.get("verbose", 0)
             logs.configure({0: settings.log.level, 1: "info"}.get(verbose, "debug"), settings.log.format)
             return command(settings, *args, **kwargs)
 
         wrapper = store_option(wrapper)
-        return concurrency_option(wrapper) if concurrency else wrapper
+        if concurrency:
+            wrapper = concurrency_option(wrapper)
+        if budget:
+            for option in budget_options:
+                wrapper = option(wrapper)
+        return wrapper
     return decorate
+
+
+def budget_settings(settings: Settings, flags: dict[str, Decimal]) -> Any:
+    """The environment's budget with the flags laid over it, validated as a whole."""
+    from pydantic import ValidationError
+
+    from runner.errors import format_validation_error
+    from runner.settings import BudgetSettings
+
+    try:
+        return BudgetSettings(**{**settings.budget.model_dump(), **flags})
+    except ValidationError as e:
+        raise UserError(format_validation_error("budget", e)) from None
 
 
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -86,7 +119,7 @@ def cli(verbose: int) -> None:
                    "through $RUNNER_KUBE__KUBECONFIG or the current kubeconfig context)")
 @click.option("--produced", multiple=True, metavar="PATH",
               help="a workspace path a session may write without naming it (e.g. a Bash redirect); repeatable")
-@with_settings(concurrency=True)
+@with_settings(concurrency=True, budget=True)
 def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: tuple[str, ...]) -> int:
     """Run every session of PLAN that has not run, then the transform. Safe to run again:
     sessions that ran are not repeated; interrupted ones are reported for `ledger recover`."""
@@ -97,7 +130,7 @@ def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: t
 
 @cli.command(short_help="in-cluster entry point: run a submitted campaign's sessions as pods")
 @click.option("--campaign", required=True)
-@with_settings(concurrency=True)
+@with_settings(concurrency=True, budget=True)
 def controller(settings: Settings, campaign: str) -> int:
     """Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes
     pods, then the transform. Safe to restart: live pods are adopted, nothing repeats."""
@@ -136,6 +169,11 @@ def run_sessions(settings: Settings, plan: Any, corpus: Path, executor: str = "l
     if report.halted:  # a setting to fix, not a run to retry: a Job fails at once on 2
         click.echo(f"halted: {report.halted}; fix the provider's key, then run again", err=True)
         return EXIT_USAGE
+    if report.over_budget:
+        click.echo(f"budget: {len(report.over_budget)} session(s) not started, e.g. {report.over_budget[0]}: "
+                   f"{report.budget_why}. Nothing of them is journaled; raise RUNNER_BUDGET__CAMPAIGN_USD (--budget-usd) "
+                   "and run again to start them", err=True)
+        return EXIT_BUDGET
     return code
 
 
@@ -184,8 +222,10 @@ def status_line(st: dict, width: int = 24) -> str:
     done = width * st["final"] // st["total"] if st["total"] else width
     running = st["sessions"].get("started", 0)
     waiting = f", {len(st['waiting'])} waiting for a pod" if st.get("waiting") else ""
+    left = st["budget"]["left_usd"]
+    budget = f", budget left {dollars(left)}" if left is not None else ""
     return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running{waiting}, "
-            f"cost {dollars(st['cost_usd'])}, refusals {len(st['refusals'])}")
+            f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}")
 
 
 def waiting_lines(waiting: dict[str, dict[str, str]]) -> list[str]:
@@ -211,7 +251,8 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
 
     store, plan = stored_campaign(settings, campaign)
     costs: dict = {}
-    st = campaign_status(store, plan, costs)
+    budget = settings.budget.campaign_usd
+    st = campaign_status(store, plan, costs, budget)
     if watch:
         tty, last = sys.stdout.isatty(), None
         while True:
@@ -224,7 +265,7 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
             if st["final"] == st["total"]:
                 break
             time.sleep(interval)
-            st = campaign_status(store, plan, costs)
+            st = campaign_status(store, plan, costs, budget)
         if tty:
             click.echo()
     if as_json:
@@ -236,6 +277,10 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     for line in waiting_lines(st["waiting"]):
         click.echo(line)
     click.echo(f"cost so far: {dollars(st['cost_usd'])} (as the captured streams state it)")
+    money = st["budget"]
+    if money["campaign_usd"] is not None:
+        click.echo(f"budget: {dollars(money['campaign_usd'])}: spent {dollars(money['spent_usd'])}, reserved "
+                   f"{dollars(money['reserved_usd'])} by sessions not settled, left {dollars(money['left_usd'])}")
     click.echo(f"refusals: {len(st['refusals'])}")
     return 0
 
@@ -276,7 +321,7 @@ def install_settings(kube: Any, settings: Settings) -> Settings:
 @cli.command(short_help="upload a plan and its corpus to the bucket and start the campaign in the cluster")
 @plan_argument
 @corpus_option()
-@with_settings()
+@with_settings(budget=True)
 def submit(settings: Settings, plan: Path, corpus: Path) -> int:
     """Store PLAN and the corpus under the campaign in the install's bucket (create-only: a
     campaign name is bound to one plan and corpus for good), then create the campaign's
@@ -306,7 +351,7 @@ def submit(settings: Settings, plan: Path, corpus: Path) -> int:
     store = open_store(install.store, install)
     store_plan(store, parsed)
     corpus_digest = store_corpus(store, parsed.campaign, corpus)
-    manifest = jobs.controller_job(install, parsed.campaign)
+    manifest = jobs.controller_job(install, parsed.campaign, settings.budget)
     created = kube.create_job(manifest)
     click.echo(f"plan: {store.uri}/{layout.plan_key(parsed.campaign)}")
     click.echo(f"corpus: {store.uri}/{layout.corpus_key(parsed.campaign)} ({corpus_digest})")
@@ -473,7 +518,7 @@ def cancel(settings: Settings, campaign: str, session: str) -> int:
 @campaign_argument
 @session_argument
 @corpus_option("the corpus directory (must be unchanged)")
-@with_settings()
+@with_settings(budget=True)
 def resume(settings: Settings, campaign: str, session: str, corpus: Path) -> int:
     """Run a new attempt of SESSION (interrupted or failed), then the transform."""
     plan, book = campaign_ledger(settings, campaign)

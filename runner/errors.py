@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 EXIT_USAGE = 2
+EXIT_BUDGET = 3  # the campaign's budget stopped it: the sessions not started wait for a larger one
 EXIT_CONFINEMENT = 12  # the contract's status for a session that cannot be confined or is refused
 
 

@@ -22,4 +22,6 @@ def flags(plan: Plan, settings: Settings) -> list[str]:
     ]
     if h.max_turns:
         argv += ["--max-turns", str(h.max_turns)]
+    if settings.budget.session_usd is not None:
+        argv += ["--max-budget-usd", str(settings.budget.session_usd)]
     return argv

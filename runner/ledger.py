@@ -114,6 +114,10 @@ class Ledger:
         s = self._states.get(session)
         return replace(s) if s is not None else SessionState(session)
 
+    def entry(self, kind: str, session: str, attempt: int) -> dict | None:
+        """The journaled ``kind`` entry (intent, start, outcome, close) of one attempt, or None."""
+        return self._first.get((kind, session, attempt))
+
     # -- appends -------------------------------------------------------------------------
     def _check(self, entry: dict) -> dict | None:
         """The existing identical entry (an exact retry), or None; raises on a bad transition."""
@@ -159,8 +163,9 @@ class Ledger:
     def intent(self, session: str, attempt: int, declaration: dict) -> dict:
         return self.append({"type": "intent", "session": session, "attempt": attempt, "declaration": declaration})
 
-    def start(self, session: str, attempt: int) -> dict:
-        return self.append({"type": "start", "session": session, "attempt": attempt})
+    def start(self, session: str, attempt: int, money: dict[str, str] | None = None) -> dict:
+        """``money``: the budget's reservation for the attempt (runner/budget.py), journaled with it."""
+        return self.append({"type": "start", "session": session, "attempt": attempt, **(money or {})})
 
     def outcome(self, session: str, attempt: int, status: str, detail: dict | None = None) -> dict:
         if status not in OUTCOMES:

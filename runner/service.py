@@ -66,7 +66,7 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
         try:
             backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
             report = run_sessions(plan, corpus, store, runner, settings.local.workdir, settings.concurrency,
-                                  produced or [], resume=resume, backoff=backoff)
+                                  produced or [], resume=resume, backoff=backoff, budget=settings.budget)
         finally:
             runner.close()
         return CampaignRun(store, report, run_transform(store, plan))

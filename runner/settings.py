@@ -11,6 +11,7 @@ import ipaddress
 import os
 import tempfile
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,6 +66,25 @@ class HarnessSettings(BaseModel):
         description="Extra environment variables given to the harness, on top of the cleared "
         "environment (e.g. CLAUDE_CODE_MAX_RETRIES). Default: none.",
     )
+
+
+class BudgetSettings(BaseModel):
+    """A campaign's spend limit (runner/budget.py): no session starts whose reservation would
+    take spent + reserved past ``campaign_usd``."""
+
+    campaign_usd: Decimal | None = Field(None, gt=0, description="Most the whole campaign may spend, in US dollars, over every run of it; it needs session_usd. Default: none (no limit).")
+    session_usd: Decimal | None = Field(None, gt=0, description="Each session's own limit in US dollars, given to the CLI as --max-budget-usd. Default: none (the CLI's own: no limit).")
+    call_usd: Decimal = Field(Decimal("2.00"), gt=0, description="The most one provider call can add past a session's limit, in US dollars: the CLI checks its limit after each answer, so its last call crosses it by less than that call's cost (measured with 2.1.197, bench/README.md). A session reserves session_usd + call_usd. The default covers a whole 200k-token context written to the cache and 64k tokens of output at Sonnet prices ($3.75 and $15 per million); raise it for a dearer model. Default: 2.00.")
+
+    @model_validator(mode="after")
+    def _campaign_needs_session(self) -> BudgetSettings:
+        if self.campaign_usd is not None and self.session_usd is None:
+            raise ValueError("budget.campaign_usd needs budget.session_usd: a session's reservation is its own limit plus call_usd")
+        return self
+
+    def reservation(self) -> Decimal | None:
+        """What one session reserves of the campaign's budget, or None without a session limit."""
+        return None if self.session_usd is None else self.session_usd + self.call_usd
 
 
 class ThrottleSettings(BaseModel):
@@ -230,6 +250,7 @@ class Settings(BaseSettings):
     concurrency: int = Field(2, ge=1, description="Sessions run at once. Default: 2.")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

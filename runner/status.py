@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 from runner import layout, stream
+from runner.budget import books
 from runner.ledger import Ledger
 from runner.plan import Plan
 from runner.store import Store
@@ -15,11 +16,20 @@ from runner.store import Store
 FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")  # states no run changes by itself
 
 
-def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None]) -> dict[str, object]:
-    """Sessions by state, the cost stated by the streams captured so far, and the refusals
-    (refusals.json once the transform wrote it, else the sessions refused so far). ``costs``
-    caches each stream's cost by key: a captured stream never changes."""
-    states = Ledger(store, plan.campaign).sessions()
+def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
+                    budget: Decimal | None = None) -> dict[str, object]:
+    """Sessions by state, the cost stated by the streams captured so far, the budget's books
+    (spent, reserved and, against ``budget`` or else the one the last start was journaled
+    under, left), and the refusals (refusals.json once the transform wrote it, else the
+    sessions refused so far). ``costs`` caches each stream's cost by key: a captured stream
+    never changes."""
+    ledger = Ledger(store, plan.campaign)
+    states = ledger.sessions()
+    b = books(ledger)
+    limit = budget if budget is not None else b.budget
+    left = b.left(limit)
+    money = {"campaign_usd": None if limit is None else str(limit), "spent_usd": str(b.spent),
+             "reserved_usd": str(b.reserved), "left_usd": None if left is None else str(left)}
     counts: dict[str, int] = {}
     for spec in plan.sessions():
         st = states.get(spec.key)
@@ -36,7 +46,8 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None]) 
                     for s in states.values() if s.status == "refused"]
     total = sum(counts.values())
     return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
-            "sessions": counts, "cost_usd": str(cost), "refusals": refusals, "waiting": _waiting(store, plan, states)}
+            "sessions": counts, "cost_usd": str(cost), "budget": money, "refusals": refusals,
+            "waiting": _waiting(store, plan, states)}
 
 
 def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, dict[str, str]]:

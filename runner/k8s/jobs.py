@@ -33,12 +33,12 @@ from typing import Any
 
 from runner.k8s import names
 from runner.k8s.manifests import container_security
-from runner.settings import Settings, settings_over
+from runner.settings import BudgetSettings, Settings, settings_over
 
 TRANSFORM_COMPONENT = "transform"
 BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
-FINAL_EXIT_CODES = [2, 12]
+FINAL_EXIT_CODES = [2, 3, 12]  # bad input, over budget, unconfined: a retry meets the same
 SCRATCH = "/tmp"
 # The Job's own name and uid, from the labels the Job controller puts on its pods: the owner of
 # the session pods the controller creates (settings kube.owner_job, kube.owner_uid).
@@ -67,10 +67,16 @@ def job_name(campaign: str, action: str = "controller") -> str:
     return names.object_name(action, campaign)
 
 
-def controller_job(settings: Settings, campaign: str) -> dict[str, Any]:
-    """The Job that runs every session of ``campaign`` as pods, then the transform."""
+def controller_job(settings: Settings, campaign: str, budget: BudgetSettings | None = None) -> dict[str, Any]:
+    """The Job that runs every session of ``campaign`` as pods, then the transform; ``budget``:
+    the submitter's limits, as flags over the install's (its ConfigMap's) where set."""
+    flags = []
+    if budget is not None and budget.campaign_usd is not None:
+        flags += ["--budget-usd", str(budget.campaign_usd)]
+    if budget is not None and budget.session_usd is not None:
+        flags += ["--session-budget-usd", str(budget.session_usd)]
     return _runner_job(settings, campaign, "controller", names.CONTROLLER_COMPONENT,
-                       ["probe-runner", "controller", "--campaign", campaign], api_access=True)
+                       ["probe-runner", "controller", "--campaign", campaign, *flags], api_access=True)
 
 
 def transform_job(settings: Settings, campaign: str) -> dict[str, Any]:

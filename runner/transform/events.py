@@ -55,6 +55,7 @@ class SessionOutcome:
     outside_paths: list[str]
     notes: list[str]
     timed_out: bool = False  # the time limit ended it: recorded as watched, without an answer
+    over_budget: bool = False  # its own spend limit ended it (--max-budget-usd): an observation like any other
 
 
 class _Paths:
@@ -445,8 +446,8 @@ def _final_message(parsed: ParsedStream) -> str | None:
 def _harness_error(parsed: ParsedStream) -> str | None:
     result = parsed.result or {}
     subtype = result.get("subtype")
-    if subtype == "error_max_turns":
-        return None  # the session ran out of turns: a behaviour of the model, recorded with answer null
+    if subtype in ("error_max_turns", "error_max_budget_usd"):
+        return None  # the session ran out of turns or of its budget: recorded as watched, with answer null
     if result.get("is_error") or (subtype not in (None, "success")):
         detail = result.get("errors") or result.get("result") or result.get("api_error_status")
         return f"the harness reported an error ({subtype}, is_error={result.get('is_error')}): {str(detail)[:300]}"
@@ -488,4 +489,5 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
         outside_paths=outside,
         notes=notes,
         timed_out=facts.timed_out,
+        over_budget=(parsed.result or {}).get("subtype") == "error_max_budget_usd",
     )

@@ -186,6 +186,12 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
                      f"({', '.join(f'{o.probe} {o.session}' for o in limited)}): each is recorded with the calls "
                      f"it made until then, and with answer null unless its result line had arrived; a session "
                      f"without a result line states no cost.")
+    stopped = [o for o in outcomes if o.over_budget and o.event is not None]
+    if stopped:
+        prose.append(f"Its own spend limit (the CLI's --max-budget-usd) ended {len(stopped)} session(s) "
+                     f"({', '.join(f'{o.probe} {o.session}' for o in stopped)}): each is recorded with the calls it "
+                     f"made until then and answer null, as its stream says; the CLI stops after the answer that "
+                     f"reaches the limit, so its cost may pass the limit by less than that answer's.")
     known = sum(1 for o in outcomes if o.cost_usd is not None)
     prose.append(
         f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 
 import kubernetes_validate
@@ -211,6 +212,9 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     assert s.concurrency == v["controller"]["concurrency"]
     assert (k.waiting_pods, k.waiting_grace_seconds) == (v["controller"]["waitingPods"], v["controller"]["waitingGraceSeconds"])
     assert s.harness.timeout_seconds == v["session"]["timeoutSeconds"]
+    money = v["budget"]
+    assert (s.budget.campaign_usd, s.budget.session_usd, s.budget.call_usd) == tuple(
+        None if money[k] is None else Decimal(str(money[k])) for k in ("campaignUsd", "sessionUsd", "callUsd"))
     assert (k.namespace, k.instance) == ("probes", "team-a")
     assert (k.harness_image, k.reader_image) == (v["images"]["harness"], v["images"]["runner"])
     assert k.image_pull_policy == v["images"]["pullPolicy"] and k.image_pull_secrets == v["images"]["pullSecrets"]

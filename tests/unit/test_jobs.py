@@ -30,7 +30,7 @@ def test_controller_job_complete():
             "ttlSecondsAfterFinished": 604800,
             "podFailurePolicy": {"rules": [
                 {"action": "FailJob", "onExitCodes": {"containerName": "controller", "operator": "In",
-                                                      "values": [2, 12]}},
+                                                      "values": [2, 3, 12]}},
                 {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
             ]},
             "template": {
@@ -134,3 +134,25 @@ def test_install_settings_name_a_bad_config_map_in_one_line():
         jobs.install_settings({"RUNNER_KUBE__NODE_SELECTOR": "{pool: probes"}, Settings(store="s3://b/p"), "ConfigMap p/x")
     # an empty entry is an empty string, as in the environment, not a JSON document
     assert jobs.install_settings({"RUNNER_KUBE__STORE_SECRET": ""}, Settings(store="s3://b/p")).kube.store_secret == ""
+
+
+def test_a_submitted_budget_is_the_controller_jobs_flags_and_the_controller_takes_them():
+    """`submit --budget-usd/--session-budget-usd` reach the campaign's controller as flags,
+    over the install's ConfigMap; without them the Job's command names no budget."""
+    from decimal import Decimal
+
+    from click.testing import CliRunner
+
+    from runner.cli import cli
+    from runner.settings import BudgetSettings
+
+    s = Settings(store="s3://b/p")
+    plain = jobs.controller_job(s, "c")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert plain == ["probe-runner", "controller", "--campaign", "c"]
+    job = jobs.controller_job(s, "c", BudgetSettings(campaign_usd=Decimal("250"), session_usd=Decimal("2.5")))
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == ["probe-runner", "controller", "--campaign", "c", "--budget-usd", "250", "--session-budget-usd", "2.5"]
+    helped = CliRunner().invoke(cli, ["controller", "--help"])
+    assert "--budget-usd" in helped.output and "--session-budget-usd" in helped.output
+    refused = CliRunner().invoke(cli, ["run", "plan.json", "--corpus", ".", "--budget-usd", "-1"])
+    assert refused.exit_code == 2 and "--budget-usd" in refused.output

@@ -1,0 +1,114 @@
+"""A campaign's books: a session starts only when its reservation fits the campaign's budget,
+so realized spend cannot pass it (issue 15; the experiment-records seed's journal keeps them).
+
+A session reserves its own limit (``budget.session_usd``, given to the CLI as
+``--max-budget-usd``) plus the most one provider call can add past it (``budget.call_usd``):
+the CLI 2.1.197 checks its limit after each answer, so its last call crosses the limit by less
+than that call's cost (bench/README.md, "How the CLI stops at its budget"). The reservation
+is journaled in the session's start entry, just before the harness can spend; the outcome
+settles it with the stream's realized cost (``cost_usd``), or with the whole reservation where
+the stream states none (an interrupted session may have spent up to it). Both are read back
+from the ledger, so the books are the same after a restart or a SIGKILL at any stage: a
+reservation held in memory and never journaled belongs to a session that never started.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from decimal import Decimal
+
+from runner.ledger import Ledger
+
+ZERO = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Books:
+    """A campaign's money as its ledger states it, in US dollars."""
+
+    spent: Decimal = ZERO     # settled attempts: their realized cost (or their reservation, where unknown)
+    reserved: Decimal = ZERO  # attempts started and not settled: what each may still spend
+    budget: Decimal | None = None  # the campaign budget the last start was journaled under
+
+    def left(self, budget: Decimal | None = None) -> Decimal | None:
+        limit = budget if budget is not None else self.budget
+        return None if limit is None else limit - self.spent - self.reserved
+
+
+def _attempt(start: dict, outcome: dict | None) -> tuple[Decimal, Decimal]:
+    """(still reserved, spent) of one started attempt: its start entry reserved ``reserved_usd``;
+    an outcome settles it at ``cost_usd``, or at the whole reservation where it states none."""
+    held = Decimal(start.get("reserved_usd") or 0)
+    if outcome is None:
+        return held, ZERO
+    cost = (outcome.get("detail") or {}).get("cost_usd")
+    return ZERO, held if cost is None else Decimal(cost)
+
+
+def books(ledger: Ledger) -> Books:
+    """The books from the journal (an attempt that never started spent nothing)."""
+    reserved = spent = ZERO
+    budget: Decimal | None = None
+    for e in ledger.entries:
+        if e["type"] == "start":
+            r, s = _attempt(e, ledger.entry("outcome", e["session"], e["attempt"]))
+            reserved, spent = reserved + r, spent + s
+            if e.get("campaign_usd") is not None:
+                budget = Decimal(e["campaign_usd"])
+    return Books(spent, reserved, budget)
+
+
+class OverBudget(Exception):
+    """The session's reservation does not fit what is left of the campaign's budget."""
+
+
+class Gate:
+    """The budget's check before each start, shared by a run's sessions. ``hold`` reserves a
+    session's amount in memory, or waits while sessions of this run that may settle for less
+    are still out, and refuses when none is; ``done`` settles it from the ledger."""
+
+    def __init__(self, ledger: Ledger, campaign_usd: Decimal, reservation: Decimal) -> None:
+        start = books(ledger)
+        self.budget, self.reservation = campaign_usd, reservation
+        self.spent, self.reserved = start.spent, start.reserved
+        self.out = 0  # sessions of this run holding a reservation: each may still give some back
+        self._cond = threading.Condition()
+
+    def _fits(self) -> bool:
+        return self.spent + self.reserved + self.reservation <= self.budget
+
+    def hold(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._fits() or self.out == 0)
+            if not self._fits():
+                raise OverBudget(f"a session reserves ${self.reservation:.4f} (budget.session_usd + budget.call_usd) and "
+                                 f"the campaign's budget of ${self.budget:.4f} has ${self.budget - self.spent - self.reserved:.4f} "
+                                 f"left (${self.spent:.4f} spent, ${self.reserved:.4f} reserved)")
+            self.out += 1
+            self.reserved += self.reservation
+
+    def adopt(self) -> None:
+        """A session an earlier run started, followed by this one: its reservation is in the
+        books already (its start entry), and it may still give some back."""
+        with self._cond:
+            self.out += 1
+
+    def money(self) -> dict[str, str]:
+        """What a start entry journals of the budget it was made under."""
+        return {"reserved_usd": str(self.reservation), "campaign_usd": str(self.budget)}
+
+    def done(self, ledger: Ledger, session: str, attempt: int) -> None:
+        """The session's part in this run is over: settle what the ledger says of it. Never
+        started: its hold is given back. Started with an outcome: settled at the outcome's
+        cost_usd, or at its whole reservation. Started with no outcome: it stays reserved."""
+        start = ledger.entry("start", session, attempt)
+        with self._cond:
+            self.out -= 1
+            if start is None:
+                self.reserved -= self.reservation
+            else:
+                r, spent = _attempt(start, ledger.entry("outcome", session, attempt))
+                self.reserved += r - Decimal(start.get("reserved_usd") or 0)
+                self.spent += spent
+            self._cond.notify_all()
