@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from runner.ledger import Ledger
 
@@ -36,7 +37,7 @@ class Books:
         return None if limit is None else limit - self.spent - self.reserved
 
 
-def _attempt(start: dict, outcome: dict | None) -> tuple[Decimal, Decimal]:
+def _attempt(start: dict[str, Any], outcome: dict[str, Any] | None) -> tuple[Decimal, Decimal]:
     """(still reserved, spent) of one started attempt: its start entry reserved ``reserved_usd``;
     an outcome settles it at ``cost_usd``, or at the whole reservation where it states none."""
     held = Decimal(start.get("reserved_usd") or 0)

@@ -87,6 +87,39 @@ class BudgetSettings(BaseModel):
         return None if self.session_usd is None else self.session_usd + self.call_usd
 
 
+class ModelPrice(BaseModel):
+    """US dollars per million tokens of one model."""
+
+    model_config = ConfigDict(extra="forbid")
+    input: Decimal = Field(ge=0)
+    output: Decimal = Field(ge=0)
+    cache_write: Decimal = Field(ge=0)
+    cache_read: Decimal = Field(ge=0)
+
+
+def _price(i: str, o: str, w: str, r: str) -> ModelPrice:
+    return ModelPrice(input=Decimal(i), output=Decimal(o), cache_write=Decimal(w), cache_read=Decimal(r))
+
+
+DEFAULT_PRICES = {  # Anthropic's list prices, US dollars per million tokens (5-minute cache writes)
+    "claude-opus-4-5": _price("5", "25", "6.25", "0.50"),
+    "claude-opus-4": _price("15", "75", "18.75", "1.50"),
+    "claude-sonnet-4": _price("3", "15", "3.75", "0.30"),
+    "claude-3-7-sonnet": _price("3", "15", "3.75", "0.30"),
+    "claude-haiku-4-5": _price("1", "5", "1.25", "0.10"),
+    "claude-3-5-haiku": _price("0.80", "4", "1", "0.08"),
+}
+
+
+class GatewaySettings(BaseModel):
+    """The provider gateway (runner/gateway/): the one holder of the provider key."""
+
+    enabled: bool = Field(True, description="Give sessions a token of their own instead of the provider key, through the provider gateway, wherever the key is given as provider.api_key (a provider.credentials_file login cannot be held by the gateway: that session reads its credentials, the explicit exception). false: the key in the session's environment. Default: true.")
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="What the gateway meters each call at: model-id prefix (the longest that matches wins) -> US dollars per million tokens of input, output, cache_write and cache_read. A model no prefix matches is metered in tokens only, and the transcript's prose says so. Default: Anthropic's list prices of the Claude 3.5 to 4.5 models.")
+    connect_timeout_seconds: float = Field(30.0, gt=0, description="Limit of opening a connection to the provider, in seconds; the session then gets a 502 (the CLI retries it). Default: 30.")
+    read_timeout_seconds: float = Field(600.0, gt=0, description="Longest silence of the provider within one answer, in seconds. Default: 600.")
+
+
 class ThrottleSettings(BaseModel):
     base_seconds: float = Field(
         30.0, ge=0, description="Pause of new session starts after the first session whose stream shows provider "
@@ -251,6 +284,7 @@ class Settings(BaseSettings):
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     s3: S3Settings = Field(default_factory=S3Settings)

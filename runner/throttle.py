@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from runner.gateway.tokens import LIMIT_SPENT
+
 _THROTTLE_STATUSES = {429, 529}
 _THROTTLE_ERRORS = {"rate_limit", "overloaded"}
 _REFUSED_STATUSES = {401, 403}
@@ -78,8 +80,8 @@ def _note(raw: bytes, s: Signals) -> None:
         status = line.get("api_error_status")
         if status in _THROTTLE_STATUSES:
             s.rejected = True
-        elif status in _REFUSED_STATUSES:
-            s.refused = status
+        elif status in _REFUSED_STATUSES and LIMIT_SPENT not in str(line.get("result")):
+            s.refused = status  # (the gateway's 403 for a spent session limit is that session's own end)
 
 
 def refused_key(status: int) -> str:

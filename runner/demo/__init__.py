@@ -27,7 +27,7 @@ def run_demo(settings: Settings, run) -> int:
     data = json.loads(PLAN.read_text())
     data["campaign"] = "demo-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     plan = parse_plan(data, str(PLAN))
-    with ScriptedProvider(json.loads(SCENARIOS.read_text())) as provider:
+    with ScriptedProvider(json.loads(SCENARIOS.read_text()), api_key="demo-key") as provider:
         demo_settings = settings.model_copy(update={
             "provider": settings.provider.model_copy(update={"base_url": provider.base_url, "api_key": SecretStr("demo-key"),
                                                              "credentials_file": None}),

@@ -655,6 +655,11 @@ class ScriptedProvider:
     goes into ``ANTHROPIC_BASE_URL``. ``requests`` holds every request seen (the same records
     written to ``record_path`` as JSONL, if given).
 
+    ``api_key``: when given, a ``/v1/`` request that does not carry it (``x-api-key`` or
+    ``Authorization: Bearer``) is answered 401 ``authentication_error``, as the provider does;
+    each record's ``credential`` says whether the key came (``key``), something else did
+    (``other``) or nothing (``none``), never the value.
+
     ``tls`` (an ``ssl.SSLContext`` with the server's certificate loaded) serves HTTPS, as the
     provider is reached in production; ``server_name`` is then the host name ``base_url``
     names (the certificate's), instead of the bound address. Each connection's handshake runs
@@ -670,8 +675,10 @@ class ScriptedProvider:
         port: int = 0,
         tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.scenarios = load_scenarios(scenarios)
+        self.api_key = api_key
         self.record_path = Path(record_path) if record_path is not None else None
         self.requests: list[dict[str, Any]] = []
         self.unknown_paths: list[str] = []
@@ -898,8 +905,15 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, raw: bytes) -> None:
         rec = self._base_record(raw)
         path = rec["path"].rstrip("/")
+        auth = self.headers.get("authorization", "")
+        given = self.headers.get("x-api-key") or (auth[7:] if auth.lower().startswith("bearer ") else None)
+        rec["credential"] = "none" if given is None else ("key" if given == self.provider.api_key else "other")
         try:
-            if self.command == "POST" and path == "/v1/messages":
+            if self.provider.api_key is not None and path.startswith("/v1/") and rec["credential"] != "key":
+                rec["kind"] = "unauthorized"
+                rec["status"] = 401
+                self._error(401, "authentication_error", "invalid x-api-key")
+            elif self.command == "POST" and path == "/v1/messages":
                 self._messages(rec)
             elif self.command == "POST" and path == "/v1/messages/count_tokens":
                 rec["kind"] = "count_tokens"

@@ -46,6 +46,7 @@ class CaptureRecord(TypedDict):
     pod: NotRequired[dict[str, Any]]                       # kubernetes: name, namespace, node
     reader: NotRequired[dict[str, Any]]                    # kubernetes: the capture reader's record
     driver_produced: NotRequired[list[str]]                # added by the campaign: paths it may write unnamed
+    gateway: NotRequired[dict[str, Any]]                   # the provider gateway's meter of the attempt's calls
 
 
 class Slots:

@@ -61,6 +61,7 @@ from runner.executors import seccomp
 from runner.executors.base import CaptureRecord, Live, Slot
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
+from runner.gateway.local import LocalGateway
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.layout import SessionKeys
 from runner.ledger import now
@@ -190,7 +191,8 @@ def harness_argv(plan: Plan, settings: Settings) -> list[str]:
 
 
 def harness_env(settings: Settings) -> dict[str, str]:
-    """The harness's whole environment; its directories are the paths inside the sandbox."""
+    """The harness's whole environment but its credential (see LocalExecutor._session_env); its
+    directories are the paths inside the sandbox."""
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": CONFIG_DIR,
@@ -202,8 +204,6 @@ def harness_env(settings: Settings) -> dict[str, str]:
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
-    if settings.provider.api_key is not None:
-        env["ANTHROPIC_API_KEY"] = settings.provider.api_key.get_secret_value()
     env.update(settings.harness.env)
     return env
 
@@ -214,6 +214,7 @@ class LocalExecutor:
     name: str = "local"
     confinement: str = CONFINEMENT_PROSE
     waiting_room: int = 0  # a session here starts at once: nothing waits on a platform
+    gateway: LocalGateway | None = None  # the run's provider gateway: sessions hold a token of their attempt, not the key
     harness: str | None = None
     harness_version: str | None = None
     bwrap: str | None = None
@@ -259,18 +260,41 @@ class LocalExecutor:
         self.harness_version = done.stdout.decode(errors="replace").strip()
 
     def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
-        """Nothing outlives a local run: a session whose runner died died with it."""
+        """Start the run's provider gateway on loopback (where the key is given as
+        provider.api_key and gateway.enabled); nothing outlives a local run, so nothing is
+        adopted: a session whose runner died died with it."""
+        s = self.settings
+        if s.gateway.enabled and s.provider.api_key is not None and self.gateway is None:
+            self.gateway = LocalGateway(s, plan.campaign).__enter__()
         return set()
 
     def finish(self, keys: SessionKeys) -> None:
-        """Nothing is held after a session: its scratch directory is the campaign's to remove."""
+        """The outcome is journaled: the attempt's token is refused from now on (its scratch
+        directory is the campaign's to remove)."""
+        if self.gateway is not None:
+            self.gateway.revoke(keys)
+
+    def _session_env(self, keys: SessionKeys) -> dict[str, str]:
+        """The harness's environment: with the gateway, its base URL and a token of this
+        attempt (valid for the session's time limit and a margin) in place of the key."""
+        env = harness_env(self.settings)
+        key = self.settings.provider.api_key
+        if self.gateway is not None:
+            env["ANTHROPIC_BASE_URL"] = self.gateway.url
+            env["ANTHROPIC_API_KEY"] = self.gateway.token(keys, self.settings.harness.timeout_seconds + 300)
+        elif key is not None:  # gateway.enabled false: the key itself, readable by the session
+            env["ANTHROPIC_API_KEY"] = key.get_secret_value()
+        return env
 
     def halted(self) -> str | None:
         """bwrap's confinement is checked per session, before its harness runs (preflight too)."""
         return None
 
     def close(self) -> None:
-        """No background work."""
+        """Stop the gateway: no token of this run is served after it."""
+        if self.gateway is not None:
+            self.gateway.__exit__(None, None, None)
+            self.gateway = None
 
     def _bwrap_args(self, workspace: str, config_dir: str, log_dir: str, fds: tuple[int, int]) -> list[str]:
         """bwrap's argv for the host directories ``workspace``, ``config_dir`` and ``log_dir``."""
@@ -301,7 +325,7 @@ class LocalExecutor:
                 try:
                     with sandbox_fds(self.loader, self.seccomp_program) as fds:
                         proc = subprocess.Popen(self._bwrap_args(str(sealed.path), str(config_dir), str(log_dir), fds) + harness_argv(plan, s),
-                                                env=harness_env(s), stdin=subprocess.PIPE,
+                                                env=self._session_env(keys), stdin=subprocess.PIPE,
                                                 stdout=writer.fileno(), stderr=err, pass_fds=fds, start_new_session=True)
                 finally:
                     writer.close()  # from here the sandbox holds the only write end: its end is the stream's end
@@ -354,6 +378,7 @@ class LocalExecutor:
             "config_dir": CONFIG_DIR,
             "host_skills": host_skill_names(),
             "artifacts": collected,
+            **({"gateway": self.gateway.meter(keys)} if self.gateway is not None else {}),
         }
 
 

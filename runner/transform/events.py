@@ -20,6 +20,7 @@ from typing import Any
 
 from runner import digest
 from runner.answer import answer_of
+from runner.gateway.tokens import LIMIT_SPENT
 from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse
 from runner.transform.initcheck import InitContext, refusals
 
@@ -443,10 +444,20 @@ def _final_message(parsed: ParsedStream) -> str | None:
     return None
 
 
+def _over_budget(parsed: ParsedStream) -> bool:
+    """Its own spend limit ended the session: the CLI's (--max-budget-usd), or the gateway's,
+    whose refusal the CLI reports as the result of an error result line (the session cannot
+    write the stream, so it cannot put that message there)."""
+    result = parsed.result or {}
+    if result.get("subtype") == "error_max_budget_usd":
+        return True
+    return bool(result.get("is_error")) and LIMIT_SPENT in str(result.get("result"))
+
+
 def _harness_error(parsed: ParsedStream) -> str | None:
     result = parsed.result or {}
     subtype = result.get("subtype")
-    if subtype in ("error_max_turns", "error_max_budget_usd"):
+    if subtype == "error_max_turns" or _over_budget(parsed):
         return None  # the session ran out of turns or of its budget: recorded as watched, with answer null
     if result.get("is_error") or (subtype not in (None, "success")):
         detail = result.get("errors") or result.get("result") or result.get("api_error_status")
@@ -489,5 +500,5 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
         outside_paths=outside,
         notes=notes,
         timed_out=facts.timed_out,
-        over_budget=(parsed.result or {}).get("subtype") == "error_max_budget_usd",
+        over_budget=_over_budget(parsed),
     )

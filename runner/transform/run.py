@@ -143,6 +143,9 @@ def _not_recorded(status: str, st: SessionState | None) -> str:
     }.get(status, f"{status} (exit status {st.detail.get('exit_code')})" if st and "exit_code" in st.detail else status)
 
 
+MICRO = Decimal("0.000001")
+
+
 def exact_sum(values: list[Decimal]) -> Decimal:
     """The sum of the result lines' cost literals, exactly: Decimal's default context keeps 28
     significant digits, so 0.10 + 1E-30 would round to 0.10 and lose the cent it starts."""
@@ -188,10 +191,12 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
                      f"without a result line states no cost.")
     stopped = [o for o in outcomes if o.over_budget and o.event is not None]
     if stopped:
-        prose.append(f"Its own spend limit (the CLI's --max-budget-usd) ended {len(stopped)} session(s) "
+        prose.append(f"Its own spend limit (the CLI's --max-budget-usd, or the gateway's meter of every call made "
+                     f"with its token) ended {len(stopped)} session(s) "
                      f"({', '.join(f'{o.probe} {o.session}' for o in stopped)}): each is recorded with the calls it "
                      f"made until then and answer null, as its stream says; the CLI stops after the answer that "
                      f"reaches the limit, so its cost may pass the limit by less than that answer's.")
+    prose.extend(_gateway_prose(outcomes, captures))
     known = sum(1 for o in outcomes if o.cost_usd is not None)
     prose.append(
         f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused "
@@ -202,6 +207,37 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
     if len(served) > 1:
         prose.append(f"The provider served more than one version: {', '.join(served)}.")
     return prose
+
+
+def _gateway_prose(outcomes: list[SessionOutcome], captures: list[dict[str, Any]]) -> list[str]:
+    """The provider gateway's meter beside the streams' own cost: a session can call the
+    gateway outside the CLI with its token, and those calls are in the meter alone. Amounts are
+    compared to the millionth of a dollar, as the CLI's costs are binary floats."""
+    metered = [(o, c["gateway"]) for o, c in zip(outcomes, captures, strict=True) if "gateway" in c]
+    if not metered:
+        return []
+
+    def usd(amount: Decimal) -> str:
+        return f"${amount.quantize(MICRO)}"
+
+    calls = sum(g["calls"] for _, g in metered)
+    at_gateway = exact_sum([Decimal(g["cost_usd"]) for _, g in metered])
+    in_streams = exact_sum([o.cost_usd for o, _ in metered if o.cost_usd is not None])
+    text = (f"The provider gateway, which alone held the key, metered {calls} call(s) of {len(metered)} session(s) "
+            f"at {usd(at_gateway)} from the provider's usage fields; their streams state {usd(in_streams)}.")
+    apart = [f"{o.probe} {o.session} (gateway {usd(Decimal(g['cost_usd']))}, stream "
+             f"{'none' if o.cost_usd is None else usd(o.cost_usd)})" for o, g in metered
+             if o.cost_usd is None or abs(Decimal(g["cost_usd"]) - o.cost_usd) >= MICRO]
+    if apart:
+        text += (" They differ for " + "; ".join(apart) + ": calls the session made with its token outside the CLI, "
+                 "or a stream that ended before its result line.")
+    unpriced = sorted({m for _, g in metered for m in g.get("unpriced_models", [])})
+    if unpriced:
+        text += f" The gateway had no price for {', '.join(unpriced)}: those calls are counted in tokens only."
+    refused = sum(g.get("refused", 0) for _, g in metered)
+    if refused:
+        text += f" It refused {refused} request(s) of these sessions (the reasons are in its log)."
+    return [text]
 
 
 def _served_version(plan: Plan, outcomes: list[SessionOutcome]) -> str:

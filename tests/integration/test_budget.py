@@ -115,7 +115,7 @@ def test_a_session_stopped_by_its_own_limit_is_an_observation_the_prose_names(tm
     stream = [json.loads(line) for line in store.get(state.detail["stream"]["key"]).splitlines()]
     assert stream[-1]["subtype"] == "error_max_budget_usd"
     transcript = " ".join(store.get("campaigns/demo/transcripts/campaign-present.md").decode().split())
-    assert "Its own spend limit (the CLI's --max-budget-usd) ended 1 session(s) (HW-PRB-0007 present-001)" in transcript
+    assert "with its token) ended 1 session(s) (HW-PRB-0007 present-001)" in transcript
     assert "answer: null" in transcript
 
 

@@ -108,13 +108,40 @@ def test_harness_env_closed_set_and_base_url(monkeypatch):
     assert "leak" not in env.values()
 
 
-def test_harness_env_api_key_and_extra():
+def test_the_session_holds_a_token_of_its_attempt_never_the_key():
+    """Issue 15: "A provider gateway holds the key. Each session gets its own short-lived token
+    instead, bound to (campaign, probe, session, attempt)". The preflight's --version run has no
+    credential; a session gets the gateway's URL and its token; only with gateway.enabled false
+    is the key itself in its environment."""
+    import json
+    import time
+
+    from runner.executors.local import LocalExecutor
+    from runner.gateway import tokens
+    from runner.layout import SessionKeys
+    from runner.settings import GatewaySettings
+
     s = settings(provider=ProviderSettings(api_key=SecretStr("sk-test")),
                  harness=HarnessSettings(env={"CLAUDE_CODE_MAX_RETRIES": "3"}))
-    env = harness_env(s)
-    assert set(env) == EXPECTED_KEYS | {"ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_RETRIES"}
-    assert env["ANTHROPIC_API_KEY"] == "sk-test"
-    assert env["ANTHROPIC_BASE_URL"] == "https://api.anthropic.com"
+    assert set(harness_env(s)) == EXPECTED_KEYS | {"CLAUDE_CODE_MAX_RETRIES"}
+    keys = SessionKeys("demo", "HW-PRB-0007", "present-001", 2)
+    executor = LocalExecutor(s)
+    executor.prepare(plan(), set())
+    try:
+        assert executor.gateway is not None
+        env = executor._session_env(keys)
+        assert set(env) == EXPECTED_KEYS | {"ANTHROPIC_API_KEY", "CLAUDE_CODE_MAX_RETRIES"}
+        assert env["ANTHROPIC_BASE_URL"] == executor.gateway.url.rstrip("/") and env["ANTHROPIC_BASE_URL"].startswith("http://127.0.0.1:")
+        assert "sk-test" not in json.dumps(env)
+        claims = tokens.verify(executor.gateway.secret, env["ANTHROPIC_API_KEY"], time.time())
+        assert claims.attempt_key == ("demo", "HW-PRB-0007", "present-001", 2)
+        assert time.time() + s.harness.timeout_seconds < claims.expires <= time.time() + s.harness.timeout_seconds + 300
+    finally:
+        executor.close()
+    assert executor.gateway is None
+    direct = LocalExecutor(s.model_copy(update={"gateway": GatewaySettings(enabled=False)}))
+    direct.prepare(plan(), set())
+    assert direct.gateway is None and direct._session_env(keys)["ANTHROPIC_API_KEY"] == "sk-test"
 
 
 def test_elf_loader_names_the_interpreter_of_a_dynamic_executable(tmp_path):

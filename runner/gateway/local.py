@@ -1,0 +1,72 @@
+"""The gateway of a run on this host: `probe-runner run` starts it on loopback for the campaign
+it runs, with a secret of its own (so no token outlives the run), and the local executor gives
+each session a token of its attempt in place of the key."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlsplit
+
+from runner.errors import UserError
+from runner.gateway import tokens
+from runner.gateway.server import Gateway, GatewayThread
+from runner.layout import SessionKeys
+from runner.settings import Settings
+
+
+def check_upstream(base_url: str) -> None:
+    """The key goes to the provider over TLS only; plain HTTP only to this host (the scripted
+    provider of the demo and the tests)."""
+    u = urlsplit(base_url)
+    if u.scheme == "https":
+        return
+    host = u.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if u.scheme != "http" or not loopback:
+        raise UserError(f"provider.base_url {base_url}: the gateway sends the key over https only (plain http only "
+                        "to a loopback address)")
+
+
+class LocalGateway:
+    """A running gateway and its secret; a context manager around the serving thread."""
+
+    def __init__(self, settings: Settings, campaign: str) -> None:
+        assert settings.provider.api_key is not None, "the gateway holds provider.api_key"
+        check_upstream(settings.provider.base_url)
+        g = settings.gateway
+        self.settings = settings
+        self.secret = tokens.new_secret()
+        self.gateway = Gateway(settings.provider.base_url, settings.provider.api_key.get_secret_value(), self.secret,
+                               g.prices, campaigns=[campaign], connect_timeout=g.connect_timeout_seconds,
+                               read_timeout=g.read_timeout_seconds)
+        self._thread = GatewayThread(self.gateway)
+
+    @property
+    def url(self) -> str:
+        return self._thread.url
+
+    def __enter__(self) -> LocalGateway:
+        self._thread.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.__exit__(*exc)
+
+    def token(self, keys: SessionKeys, lifetime: float) -> str:
+        """A token of this attempt, valid ``lifetime`` seconds, limited to the session's budget."""
+        limit: Decimal | None = self.settings.budget.session_usd
+        return tokens.mint(self.secret, tokens.Claims(
+            keys.campaign, keys.probe, keys.session, keys.attempt, int(time.time() + lifetime),
+            None if limit is None else str(limit)))
+
+    def revoke(self, keys: SessionKeys) -> None:
+        self.gateway.revoke((keys.campaign, keys.probe, keys.session, keys.attempt))
+
+    def meter(self, keys: SessionKeys) -> dict[str, Any]:
+        return self.gateway.meter((keys.campaign, keys.probe, keys.session, keys.attempt))

@@ -1,0 +1,310 @@
+"""The provider gateway's HTTP server (aiohttp, server and client): the only process that holds
+the provider key.
+
+A request is served when its token (``x-api-key`` or ``Authorization: Bearer``, where the CLI
+puts ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN) verifies, names a campaign this gateway serves
+and an attempt not revoked, its path is one the CLI uses, and its session has not spent its
+limit at the gateway. It is then forwarded to the provider with the key in place of the token,
+and the answer (status, headers, body; server-sent events chunk by chunk, unbuffered) comes
+back unchanged, so the stream and its costs stay the provider's. Each answer's usage fields
+(``message_start``/``message_delta`` events, or a JSON body's ``usage``) are metered per
+attempt and priced with ``gateway.prices``. A refusal is answered in the Messages API's error
+shape, and its reason is logged with the attempt it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from runner.gateway.tokens import LIMIT_SPENT, Claims, TokenError, verify
+from runner.settings import ModelPrice
+
+log = logging.getLogger(__name__)
+
+# (method, path) the CLI 2.1.197 sends to its base URL; HEAD / is its reachability check.
+ALLOWED = {("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")}
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+              "transfer-encoding", "upgrade", "host", "content-length"}
+CREDENTIALS = {"x-api-key", "authorization"}
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+MILLION = Decimal(1_000_000)
+
+
+
+def cost(price: ModelPrice, usage: dict[str, int]) -> Decimal:
+    """US dollars of one answer's usage at ``price`` (per million tokens)."""
+    return (price.input * usage.get("input_tokens", 0) + price.output * usage.get("output_tokens", 0)
+            + price.cache_write * usage.get("cache_creation_input_tokens", 0)
+            + price.cache_read * usage.get("cache_read_input_tokens", 0)) / MILLION
+
+
+def price_of(prices: Mapping[str, ModelPrice], model: str | None) -> ModelPrice | None:
+    """The price of the longest model-id prefix in ``prices`` that ``model`` starts with."""
+    if not model:
+        return None
+    best = max((p for p in prices if model.startswith(p)), key=len, default=None)
+    return prices[best] if best is not None else None
+
+
+@dataclass
+class Meter:
+    """What one attempt's calls cost at the gateway."""
+
+    calls: int = 0
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
+    usd: Decimal = Decimal(0)
+    unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
+    refused: int = 0
+
+    def record(self) -> dict[str, Any]:
+        return {"calls": self.calls, "usage": dict(self.usage), "cost_usd": str(self.usd),
+                "unpriced_models": sorted(self.unpriced), "refused": self.refused}
+
+
+class UsageReader:
+    """The usage of one answer, read from its bytes as they pass (never holding the body for
+    an event stream: line by line)."""
+
+    def __init__(self, event_stream: bool) -> None:
+        self.event_stream = event_stream
+        self.model: str | None = None
+        self.usage: dict[str, int] = {}
+        self._rest = b""
+        self._body: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> None:
+        if not self.event_stream:
+            self._body.append(chunk)
+            return
+        lines = (self._rest + chunk).split(b"\n")
+        self._rest = lines.pop()
+        for line in lines:
+            self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        try:
+            event = json.loads(line[5:])
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if event.get("type") == "message_start" and isinstance(event.get("message"), dict):
+            self.model = event["message"].get("model") or self.model
+            self._take(event["message"].get("usage"))
+        elif event.get("type") == "message_delta":
+            self._take(event.get("usage"))  # cumulative counts: the last one stands
+
+    def _take(self, usage: Any) -> None:
+        if isinstance(usage, dict):
+            self.usage.update({k: v for k, v in usage.items() if k in USAGE_FIELDS and isinstance(v, int)})
+
+    def close(self) -> None:
+        if self.event_stream:
+            self._line(self._rest)
+            return
+        try:
+            body = json.loads(b"".join(self._body))
+        except ValueError:
+            return
+        if isinstance(body, dict):
+            self.model = body.get("model") if isinstance(body.get("model"), str) else None
+            self._take(body.get("usage"))
+
+
+def _error(status: int, kind: str, message: str) -> web.Response:
+    """An answer in the Messages API's error shape, so the CLI reports it as the provider's would be."""
+    return web.json_response({"type": "error", "error": {"type": kind, "message": message}}, status=status)
+
+
+class Gateway:
+    """The server's state: who may call (``secret``, ``campaigns``, revoked attempts), where to
+    (``upstream``, ``key``), and what each attempt spent (``meters``)."""
+
+    def __init__(self, upstream: str, key: str, secret: bytes, prices: Mapping[str, ModelPrice],
+                 campaigns: Iterable[str] | None = None, connect_timeout: float = 30.0,
+                 read_timeout: float = 600.0) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.key = key
+        self.secret = secret
+        self.prices = prices
+        self.campaigns = set(campaigns) if campaigns is not None else None  # None: any campaign the secret signed
+        self.revoked: set[tuple[str, str, str, int]] = set()
+        self.meters: dict[tuple[str, str, str, int], Meter] = {}
+        self._lock = threading.Lock()  # revocations come from the runner's threads
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._client: aiohttp.ClientSession | None = None
+
+    # -- what the runner calls ----------------------------------------------------------------
+    def revoke(self, attempt: tuple[str, str, str, int]) -> None:
+        """The attempt's outcome is journaled: its token is refused from now on."""
+        with self._lock:
+            self.revoked.add(attempt)
+
+    def meter(self, attempt: tuple[str, str, str, int]) -> dict[str, Any]:
+        with self._lock:
+            return self.meters.get(attempt, Meter()).record()
+
+    # -- the server ---------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_startup.append(self._open)
+        app.on_cleanup.append(self._close)
+        return app
+
+    async def _open(self, _: web.Application) -> None:
+        self._client = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False,
+                                             connector=aiohttp.TCPConnector(limit=0))
+
+    async def _close(self, _: web.Application) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+    def _refuse(self, request: web.Request, claims: Claims | None, status: int, kind: str, why: str) -> web.Response:
+        who = claims.name if claims is not None else "no attempt"
+        log.warning("refused %s %s (%s): %s", request.method, request.path, who, why)
+        if claims is not None:
+            with self._lock:
+                self.meters.setdefault(claims.attempt_key, Meter()).refused += 1
+        return _error(status, kind, f"probe-runner gateway: {why}")
+
+    def _token(self, request: web.Request) -> str | None:
+        if "x-api-key" in request.headers:
+            return request.headers["x-api-key"]
+        auth = request.headers.get("authorization", "")
+        return auth[7:] if auth.lower().startswith("bearer ") else None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method in ("HEAD", "GET") and request.path == "/":
+            return web.Response(status=200)  # the CLI's reachability check: nothing to forward
+        token = self._token(request)
+        if token is None:
+            return self._refuse(request, None, 401, "authentication_error", "no session token")
+        try:
+            claims = verify(self.secret, token, time.time())
+        except TokenError as e:
+            return self._refuse(request, None, 401, "authentication_error", f"token refused: {e}")
+        if self.campaigns is not None and claims.campaign not in self.campaigns:
+            return self._refuse(request, claims, 401, "authentication_error",
+                                f"token refused: campaign {claims.campaign} is not served here")
+        with self._lock:
+            revoked = claims.attempt_key in self.revoked
+            meter = self.meters.setdefault(claims.attempt_key, Meter())
+            spent = meter.usd
+        if revoked:
+            return self._refuse(request, claims, 401, "authentication_error", "token refused: the attempt has ended")
+        if (request.method, request.path) not in ALLOWED:
+            return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
+        limit = claims.limit()
+        if limit is not None and spent >= limit:
+            return self._refuse(request, claims, 403, "permission_error",
+                                f"{LIMIT_SPENT} (${limit}; ${spent} metered)")
+        return await self._forward(request, claims)
+
+    async def _forward(self, request: web.Request, claims: Claims) -> web.StreamResponse:
+        assert self._client is not None
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in HOP_BY_HOP | CREDENTIALS and k.lower() != "accept-encoding"}
+        headers["x-api-key"] = self.key
+        headers["accept-encoding"] = "identity"  # metered as it passes: no compressed answer
+        body = await request.read()
+        url = self.upstream + request.rel_url.path_qs
+        started = time.monotonic()
+        try:
+            upstream = await self._client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            log.warning("upstream %s unreachable for %s: %s", url, claims.name, e)
+            return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
+        reader = UsageReader("text/event-stream" in upstream.headers.get("content-type", ""))
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        for k, v in upstream.headers.items():
+            if k.lower() not in HOP_BY_HOP:
+                response.headers.add(k, v)
+        sent = 0
+        try:
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                reader.feed(chunk)
+                await response.write(chunk)
+                sent += len(chunk)
+            await response.write_eof()
+        finally:
+            upstream.release()
+            reader.close()
+            self._count(claims, reader, request.path)
+            log.info("%s %s %s -> %s, %d bytes in %.3f s, usage %s", claims.name, request.method, request.path,
+                     upstream.status, sent, time.monotonic() - started, reader.usage)
+        return response
+
+    def _count(self, claims: Claims, reader: UsageReader, path: str) -> None:
+        if path != "/v1/messages":
+            return  # count_tokens is free
+        price = price_of(self.prices, reader.model)
+        with self._lock:
+            meter = self.meters.setdefault(claims.attempt_key, Meter())
+            meter.calls += 1
+            for k, v in reader.usage.items():
+                meter.usage[k] = meter.usage.get(k, 0) + v
+            if price is not None:
+                meter.usd += cost(price, reader.usage)
+            elif reader.usage:
+                meter.unpriced.add(reader.model or "(none)")
+
+
+class GatewayThread:
+    """A gateway on its own event loop in a background thread, for a run on this host: started
+    on ``host`` (loopback) at a free port; ``url`` is what the sessions get as their base URL."""
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.gateway, self.host, self.port = gateway, host, port
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="gateway", daemon=True)
+
+    def __enter__(self) -> GatewayThread:
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        if not self.url:
+            raise RuntimeError("the provider gateway did not start within 30 s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._runner = web.AppRunner(self.gateway.app(), access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, self.host, self.port)
+            self._loop.run_until_complete(site.start())
+            port = self._runner.addresses[0][1]
+            self.url = f"http://{self.host}:{port}"
+        except BaseException as e:  # noqa: BLE001 - handed to the starting thread, which raises it
+            self._error = e
+            self._ready.set()
+            return
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.close()

@@ -1,0 +1,89 @@
+"""Session tokens: what a session holds instead of the provider key.
+
+A token names one session attempt (campaign, probe, session, attempt), its expiry, and the
+most the gateway lets it spend; it is signed with HMAC-SHA256 under a secret only the runner
+and the gateway hold, so a session cannot make one for another attempt, campaign or limit.
+Pure: no I/O, no clock of its own (the caller passes ``now``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+
+PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issues
+# The gateway's refusal of a session whose limit is spent: the transform reads it in the
+# stream's result line (the CLI reports the API's error message there) as the session's own
+# limit ending it.
+LIMIT_SPENT = "the session's spend limit is reached at the gateway"
+
+
+class TokenError(Exception):
+    """A token the gateway refuses; the message is the reason it logs."""
+
+
+@dataclass(frozen=True)
+class Claims:
+    campaign: str
+    probe: str
+    session: str
+    attempt: int
+    expires: int                 # Unix seconds: the attempt's deadline
+    limit_usd: str | None = None  # the most its calls may cost at the gateway (None: no limit)
+    nonce: str = ""              # random: two tokens of one attempt differ
+
+    @property
+    def attempt_key(self) -> tuple[str, str, str, int]:
+        return (self.campaign, self.probe, self.session, self.attempt)
+
+    @property
+    def name(self) -> str:
+        return f"{self.campaign}/{self.probe}/{self.session}#{self.attempt}"
+
+    def limit(self) -> Decimal | None:
+        return None if self.limit_usd is None else Decimal(self.limit_usd)
+
+
+def new_secret() -> bytes:
+    return secrets.token_bytes(32)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def mint(secret: bytes, claims: Claims) -> str:
+    body = _b64(json.dumps(asdict(claims) | {"nonce": claims.nonce or secrets.token_hex(8)},
+                           sort_keys=True, separators=(",", ":")).encode())
+    mac = hmac.new(secret, f"{PREFIX}.{body}".encode(), hashlib.sha256).digest()
+    return f"{PREFIX}.{body}.{_b64(mac)}"
+
+
+def verify(secret: bytes, token: str, now: float) -> Claims:
+    """The token's claims, or TokenError saying why it is refused (forged, malformed, expired)."""
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != PREFIX:
+        raise TokenError("not a session token")
+    want = hmac.new(secret, f"{PREFIX}.{parts[1]}".encode(), hashlib.sha256).digest()
+    try:
+        mac = _unb64(parts[2])
+    except ValueError:
+        raise TokenError("not a session token") from None
+    if not hmac.compare_digest(mac, want):
+        raise TokenError("forged: the signature does not match")
+    try:
+        claims = Claims(**json.loads(_unb64(parts[1])))
+    except (ValueError, TypeError):
+        raise TokenError("malformed claims") from None
+    if now >= claims.expires:
+        raise TokenError(f"expired: {claims.name} ended at {claims.expires}")
+    return claims

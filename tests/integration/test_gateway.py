@@ -1,0 +1,267 @@
+"""The provider gateway (issue 15, items 1-3): the key stays with the gateway, each session
+holds a token of its attempt, and every call made with it is metered.
+
+The session tests run `probe-runner run` with the local executor and the real Claude Code CLI
+against the scripted provider; the server tests run runner.gateway.server against small
+upstreams on loopback, through real sockets.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from runner.demo import CORPUS, PLAN
+from runner.gateway import tokens
+from runner.gateway.server import Gateway, GatewayThread
+from runner.ledger import Ledger
+from runner.settings import DEFAULT_PRICES
+from runner.store.file import FileStore
+
+MODEL = "claude-sonnet-4-5-20250929"
+TASK_MATCH = "status of decision HW-DR-0052"  # the demo's HW-PRB-0007 task
+SIDE = "side call please"
+
+
+def _side_call_command() -> str:
+    """Three calls to the gateway with the session's own token, outside the CLI."""
+    body = json.dumps({"model": MODEL, "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+                       "messages": [{"role": "user", "content": SIDE}]})
+    one = ("curl -s -o /dev/null -w '%{http_code} ' \"$ANTHROPIC_BASE_URL/v1/messages\" -H \"x-api-key: $ANTHROPIC_API_KEY\" "
+           f"-H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' -d '{body}'")
+    return f"echo side-calls: $({one}; {one}; {one})"
+
+
+def _scenarios(key_head: str, key_tail: str) -> dict:
+    look = ("env | grep ^ANTHROPIC_; "
+            "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c '^ANTHROPIC_API_KEY=prt1' ; "
+            f"K={key_head}; echo \"found:[$(grep -rIls --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev "
+            f"--exclude-dir=usr \"${{K}}{key_tail}\" / /proc/self/environ)]\"")
+    return {"scenarios": [
+        {"name": "look-for-the-key", "match": TASK_MATCH, "model": MODEL, "usage": {"input_tokens": 1200, "output_tokens": 80},
+         "turns": [{"tool_uses": [{"name": "Bash", "input": {"command": look}}]},
+                   {"tool_uses": [{"name": "Bash", "input": {"command": _side_call_command()}}]},
+                   {"text": "The decision file states its status on its own line.\nHW-DR-0052 current."}]},
+        {"name": "side", "match": SIDE, "model": MODEL, "usage": {"input_tokens": 100000, "output_tokens": 1000},
+         "turns": [{"text": "side answer"}]},
+    ]}
+
+
+def test_a_session_finds_no_key_and_its_side_calls_are_metered_and_stopped_at_its_limit(
+        tmp_path, scripted_provider, claude_command):
+    """Issue 15: "a session's Bash (real CLI) finds no key in its environment, configuration
+    directory, or anywhere it can read", and "meter every request of a token ... and enforce the
+    session's limit at the gateway too, so side calls count". The session's Bash looks for the
+    key, then makes three calls of $0.315 with its own token: at a $0.5 session limit the third
+    is refused, and so is the CLI's next call. The gateway's meter holds the side calls, the
+    stream's cost does not, and the transcript's prose says both."""
+    key = "sk-ant-test-" + secrets.token_hex(12)
+    head, tail = key[:12], key[12:]
+    provider = scripted_provider(_scenarios(head, tail), api_key=key)
+    plan = json.loads(PLAN.read_text())
+    plan.update(probes=plan["probes"][:1], arms=["present"], repetitions=1)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {**os.environ, "RUNNER_STORE": (tmp_path / "store").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
+           "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": key,
+           "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_BUDGET__SESSION_USD": "0.5"}
+    done = subprocess.run([sys.executable, "-m", "runner", "-v", "run", str(tmp_path / "plan.json"), "--corpus", str(CORPUS)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr + done.stdout
+    store = FileStore(tmp_path / "store")
+    (state,) = Ledger(store, "demo").sessions().values()
+    raw = store.get(state.detail["stream"]["key"])
+    assert key.encode() not in raw and head.encode() + tail.encode() not in raw
+    results = [b.get("content") for line in raw.splitlines() for m in [json.loads(line)] if m.get("type") == "user"
+               for b in m["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
+    looked, side = (r if isinstance(r, str) else json.dumps(r) for r in results[:2])
+    assert "ANTHROPIC_API_KEY=prt1." in looked and "found:[]" in looked, looked  # a token; no file holds the key
+    assert "side-calls: 200 200 403" in side, side
+    # Every request reached the provider with the key, none with a token.
+    seen = {r["credential"] for r in provider.requests if r["path"].startswith("/v1/messages")}
+    assert seen == {"key"}, seen
+    capture = json.loads(store.get(f"campaigns/demo/sessions/{state.key}/capture.json"))
+    meter = capture["gateway"]
+    assert meter["calls"] == 2 + 2 and meter["refused"] == 2  # 2 CLI calls answered, 2 side calls; 1 side + 1 CLI refused
+    assert Decimal(meter["cost_usd"]) == 2 * Decimal("0.0048") + 2 * Decimal("0.315")
+    stream_cost = Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"]))
+    assert stream_cost.quantize(Decimal("1e-6")) == Decimal("0.0096")
+    transcript = " ".join(store.get("campaigns/demo/transcripts/campaign-present.md").decode().split())
+    assert ("metered 4 call(s) of 1 session(s) at $0.639600 from the provider's usage fields; their streams state "
+            "$0.009600. They differ for HW-PRB-0007 present-001 (gateway $0.639600, stream $0.009600)") in transcript
+    assert "It refused 2 request(s)" in transcript
+    assert "with its token) ended 1 session(s) (HW-PRB-0007 present-001)" in transcript  # an observation, answer null
+    assert "refused POST /v1/messages (demo/HW-PRB-0007/present-001#1): the session's spend limit is reached" in done.stderr
+
+
+# ---- the server against small upstreams ------------------------------------------------------
+
+class _Upstream(BaseHTTPRequestHandler):
+    """An SSE answer in three chunks; the second waits for the test's go (so a buffering
+    gateway would hold the first), or a 529 with a retry-after header."""
+
+    protocol_version = "HTTP/1.1"
+    go = threading.Event()
+    seen: list[dict] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        _Upstream.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        if b"overloaded" in body:
+            payload = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+            self.send_response(529)
+            self.send_header("content-type", "application/json")
+            self.send_header("retry-after", "7")
+            self.send_header("content-length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("request-id", "req_upstream_1")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for i, chunk in enumerate(SSE):
+            if i == 1:
+                _Upstream.go.wait(10)
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.wfile.flush()
+        self.wfile.write(b"0\r\n\r\n")
+
+
+SSE = [
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","model":"' + MODEL.encode()
+    + b'","usage":{"input_tokens":1000,"output_tokens":1,"cache_read_input_tokens":2000}}}\n\n',
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}\n\n',
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":500}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+]
+
+
+@pytest.fixture
+def upstream():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Upstream.go.clear()
+    _Upstream.seen.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def gateway(upstream):
+    secret = tokens.new_secret()
+    g = Gateway(upstream, "the-real-key", secret, DEFAULT_PRICES, campaigns=["camp"])
+    with GatewayThread(g) as served:
+        yield g, secret, served.url
+
+
+def _token(secret: bytes, campaign: str = "camp", session: str = "s-001", expires_in: float = 600,
+           limit: str | None = None) -> str:
+    return tokens.mint(secret, tokens.Claims(campaign, "P-1", session, 1, int(time.time() + expires_in), limit))
+
+
+def _post(url: str, token: str | None, path: str = "/v1/messages?beta=true", body: bytes = b'{"stream":true}'):
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=20)
+    headers = {"content-type": "application/json", **({"x-api-key": token} if token else {})}
+    conn.request("POST", path, body=body, headers=headers)
+    return conn, conn.getresponse()
+
+
+def test_an_event_stream_comes_through_unbuffered_and_unchanged_with_the_key_added(gateway):
+    g, secret, url = gateway
+    token = _token(secret)
+    conn, resp = _post(url, token)
+    assert resp.status == 200 and resp.getheader("request-id") == "req_upstream_1"
+    first = resp.read1(65536)
+    # The upstream holds its second chunk until the first has reached the client: a buffering
+    # gateway would never deliver it, and this read would time out.
+    assert first == SSE[0], first
+    _Upstream.go.set()
+    rest = resp.read()
+    conn.close()
+    assert first + rest == b"".join(SSE)
+    (req,) = _Upstream.seen
+    assert req["headers"]["x-api-key"] == "the-real-key" and token not in json.dumps(req["headers"])
+    assert req["path"] == "/v1/messages?beta=true" and req["body"] == b'{"stream":true}'
+    # Metered from the usage fields: 1000 in, 500 out (the delta's count stands), 2000 cache reads.
+    meter = g.meter(("camp", "P-1", "s-001", 1))
+    assert meter["calls"] == 1 and meter["usage"]["output_tokens"] == 500
+    assert Decimal(meter["cost_usd"]) == (Decimal(1000) * 3 + Decimal(500) * 15 + Decimal(2000) * Decimal("0.30")) / 10**6
+
+
+def test_a_provider_error_comes_back_unchanged(gateway):
+    _, secret, url = gateway
+    conn, resp = _post(url, _token(secret), body=b'{"overloaded":1}')
+    assert resp.status == 529 and resp.getheader("retry-after") == "7"
+    assert json.loads(resp.read())["error"]["type"] == "overloaded_error"
+    conn.close()
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("ended", "token refused: the attempt has ended"),
+    ("other campaign", "token refused: campaign other is not served here"),
+    ("forged", "token refused: forged: the signature does not match"),
+    ("expired", "token refused: expired: camp/P-1/s-001#1 ended at"),
+    ("no token", "no session token"),
+    ("outside the allow-list", "GET /v1/files is not a path the CLI uses"),
+    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered)"),
+])
+def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logged(gateway, caplog, case, reason):
+    g, secret, url = gateway
+    token = {"ended": _token(secret), "other campaign": _token(secret, campaign="other"),
+             "forged": _token(tokens.new_secret()), "expired": _token(secret, expires_in=-1), "no token": None,
+             "outside the allow-list": _token(secret), "limit spent": _token(secret, limit="0")}[case]
+    if case == "ended":
+        g.revoke(("camp", "P-1", "s-001", 1))
+    caplog.set_level(logging.WARNING, logger="runner.gateway.server")
+    if case == "outside the allow-list":
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=20)
+        conn.request("GET", "/v1/files", headers={"x-api-key": token})
+        resp = conn.getresponse()
+    else:
+        conn, resp = _post(url, token)
+    body = json.loads(resp.read())
+    conn.close()
+    assert resp.status in (401, 403, 404) and body["type"] == "error" and reason in body["error"]["message"]
+    assert any(reason in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert not _Upstream.seen, "a refused request reached the provider"
+
+
+def test_the_gateway_holds_the_key_over_tls_only():
+    from runner.errors import UserError
+    from runner.gateway.local import check_upstream
+
+    check_upstream("https://api.anthropic.com")
+    check_upstream("http://127.0.0.1:8080")
+    with pytest.raises(UserError, match="https only"):
+        check_upstream("http://llm.internal.example")
+
+
+def test_tokens_are_bound_to_their_attempt():
+    secret = tokens.new_secret()
+    t = _token(secret)
+    claims = tokens.verify(secret, t, time.time())
+    assert claims.attempt_key == ("camp", "P-1", "s-001", 1)
+    body = t.split(".")[1]
+    forged = json.loads(tokens._unb64(body)) | {"session": "s-002"}
+    swapped = ".".join([tokens.PREFIX, tokens._b64(json.dumps(forged).encode()), t.split(".")[2]])
+    with pytest.raises(tokens.TokenError, match="forged"):
+        tokens.verify(secret, swapped, time.time())
+    assert _token(secret) != t  # a nonce: two tokens of one attempt differ
+
