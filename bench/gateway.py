@@ -63,10 +63,9 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _serve_upstream(port_out: multiprocessing.Queue) -> None:
+def _serve(app: web.Application, port_out: multiprocessing.Queue) -> None:
+    """Serve ``app`` on a free loopback port (said on ``port_out``) until the process ends."""
     async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/v1/messages", _answer)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
@@ -76,6 +75,12 @@ def _serve_upstream(port_out: multiprocessing.Queue) -> None:
     asyncio.run(main())
 
 
+def _serve_upstream(port_out: multiprocessing.Queue) -> None:
+    app = web.Application()
+    app.router.add_post("/v1/messages", _answer)
+    _serve(app, port_out)
+
+
 def _serve_gateway(upstream: str, secret: bytes, port_out: multiprocessing.Queue) -> None:
     import logging
 
@@ -83,16 +88,7 @@ def _serve_gateway(upstream: str, secret: bytes, port_out: multiprocessing.Queue
     from runner.settings import DEFAULT_PRICES
 
     logging.disable(logging.INFO)  # one log line per request is the product's; not what is timed here
-
-    async def main() -> None:
-        gateway = Gateway(upstream, "bench-key", secret, DEFAULT_PRICES, campaigns=["bench"])
-        runner = web.AppRunner(gateway.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=2048)
-        await site.start()
-        port_out.put(runner.addresses[0][1])
-        await asyncio.Event().wait()
-    asyncio.run(main())
+    _serve(Gateway(upstream, "bench-key", secret, DEFAULT_PRICES, campaigns=["bench"]).app(), port_out)
 
 
 BODY = json.dumps({"model": MODEL, "max_tokens": 1024, "stream": True,
