@@ -59,11 +59,13 @@ class LocalGateway:
         self._thread.__exit__(*exc)
 
     def token(self, keys: SessionKeys, lifetime: float) -> str:
-        """A token of this attempt, valid ``lifetime`` seconds, limited to the session's budget."""
-        limit: Decimal | None = self.settings.budget.session_usd
+        """A token of this attempt, valid ``lifetime`` seconds, limited to the session's budget
+        (budget.session_usd, each call in flight counted at budget.call_usd)."""
+        b = self.settings.budget
+        limit: Decimal | None = b.session_usd
         return tokens.mint(self.secret, tokens.Claims(
             keys.campaign, keys.probe, keys.session, keys.attempt, int(time.time() + lifetime),
-            None if limit is None else str(limit)))
+            None if limit is None else str(limit), str(b.call_usd)))
 
     def revoke(self, keys: SessionKeys) -> None:
         self.gateway.revoke((keys.campaign, keys.probe, keys.session, keys.attempt))

@@ -66,6 +66,7 @@ class Meter:
     usd: Decimal = Decimal(0)
     unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
     refused: int = 0
+    in_flight: int = 0  # calls forwarded and not yet answered whole
 
     def record(self) -> dict[str, Any]:
         return {"calls": self.calls, "usage": dict(self.usage), "cost_usd": str(self.usd),
@@ -202,17 +203,28 @@ class Gateway:
                                 f"token refused: campaign {claims.campaign} is not served here")
         with self._lock:
             revoked = claims.attempt_key in self.revoked
-            meter = self.meters.setdefault(claims.attempt_key, Meter())
-            spent = meter.usd
         if revoked:
             return self._refuse(request, claims, 401, "authentication_error", "token refused: the attempt has ended")
         if (request.method, request.path) not in ALLOWED:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
-        limit = claims.limit()
-        if limit is not None and spent >= limit:
+        if request.path == "/v1/messages" and not self._admit(claims):  # count_tokens is free
+            meter = self.meters[claims.attempt_key]
             return self._refuse(request, claims, 403, "permission_error",
-                                f"{LIMIT_SPENT} (${limit}; ${spent} metered)")
+                                f"{LIMIT_SPENT} (${claims.limit()}; ${meter.usd} metered, {meter.in_flight} call(s) in flight "
+                                f"at up to ${claims.call()} each)")
         return await self._forward(request, claims)
+
+    def _admit(self, claims: Claims) -> bool:
+        """Whether a call may start: what is metered, and what the calls in flight may still add
+        (budget.call_usd each), have not reached the session's limit. So concurrent calls of one
+        session (its Bash's background side calls) cannot together pass limit + one call."""
+        limit = claims.limit()
+        with self._lock:
+            meter = self.meters.setdefault(claims.attempt_key, Meter())
+            if limit is not None and meter.usd + meter.in_flight * claims.call() >= limit:
+                return False
+            meter.in_flight += 1
+            return True
 
     async def _forward(self, request: web.Request, claims: Claims) -> web.StreamResponse:
         assert self._client is not None
@@ -227,6 +239,7 @@ class Gateway:
             upstream = await self._client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
         except (TimeoutError, aiohttp.ClientError) as e:
             log.warning("upstream %s unreachable for %s: %s", url, claims.name, e)
+            self._count(claims, None, request.path)
             return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
         reader = UsageReader("text/event-stream" in upstream.headers.get("content-type", ""))
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -234,27 +247,37 @@ class Gateway:
             if k.lower() not in HOP_BY_HOP:
                 response.headers.add(k, v)
         sent = 0
+        counted = False
         try:
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 reader.feed(chunk)
                 await response.write(chunk)
                 sent += len(chunk)
+            reader.close()
+            self._count(claims, reader, request.path)  # before the end reaches the session: its next call sees it
+            counted = True
             await response.write_eof()
         finally:
             upstream.release()
-            reader.close()
-            self._count(claims, reader, request.path)
+            if not counted:  # cut short: what passed is counted
+                reader.close()
+                self._count(claims, reader, request.path)
             log.info("%s %s %s -> %s, %d bytes in %.3f s, usage %s", claims.name, request.method, request.path,
                      upstream.status, sent, time.monotonic() - started, reader.usage)
         return response
 
-    def _count(self, claims: Claims, reader: UsageReader, path: str) -> None:
+    def _count(self, claims: Claims, reader: UsageReader | None, path: str) -> None:
+        """A metered call is over (``reader``: what its answer said; None: no answer): its
+        usage counts and it is no longer in flight, before the session can see its end."""
         if path != "/v1/messages":
             return  # count_tokens is free
-        price = price_of(self.prices, reader.model)
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
+            meter.in_flight -= 1
+            if reader is None:
+                return
+            price = price_of(self.prices, reader.model)
             meter.calls += 1
             for k, v in reader.usage.items():
                 meter.usage[k] = meter.usage.get(k, 0) + v

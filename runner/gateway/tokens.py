@@ -34,7 +34,8 @@ class Claims:
     session: str
     attempt: int
     expires: int                 # Unix seconds: the attempt's deadline
-    limit_usd: str | None = None  # the most its calls may cost at the gateway (None: no limit)
+    limit_usd: str | None = None  # the session's limit: no call starts once it is spent (None: no limit)
+    call_usd: str | None = None   # the most one call can cost: what a call in flight may still add
     nonce: str = ""              # random: two tokens of one attempt differ
 
     @property
@@ -47,6 +48,9 @@ class Claims:
 
     def limit(self) -> Decimal | None:
         return None if self.limit_usd is None else Decimal(self.limit_usd)
+
+    def call(self) -> Decimal:
+        return Decimal(self.call_usd or 0)
 
 
 def new_secret() -> bytes:

@@ -170,8 +170,8 @@ def gateway(upstream):
 
 
 def _token(secret: bytes, campaign: str = "camp", session: str = "s-001", expires_in: float = 600,
-           limit: str | None = None) -> str:
-    return tokens.mint(secret, tokens.Claims(campaign, "P-1", session, 1, int(time.time() + expires_in), limit))
+           limit: str | None = None, call: str | None = None) -> str:
+    return tokens.mint(secret, tokens.Claims(campaign, "P-1", session, 1, int(time.time() + expires_in), limit, call))
 
 
 def _post(url: str, token: str | None, path: str = "/v1/messages?beta=true", body: bytes = b'{"stream":true}'):
@@ -219,7 +219,7 @@ def test_a_provider_error_comes_back_unchanged(gateway):
     ("expired", "token refused: expired: camp/P-1/s-001#1 ended at"),
     ("no token", "no session token"),
     ("outside the allow-list", "GET /v1/files is not a path the CLI uses"),
-    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered)"),
+    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered, 0 call(s) in flight"),
 ])
 def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logged(gateway, caplog, case, reason):
     g, secret, url = gateway
@@ -241,6 +241,39 @@ def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logg
     assert resp.status in (401, 403, 404) and body["type"] == "error" and reason in body["error"]["message"]
     assert any(reason in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert not _Upstream.seen, "a refused request reached the provider"
+
+
+def test_concurrent_calls_of_one_session_cannot_pass_its_limit_together(gateway, caplog):
+    """Five calls at once with one token (a session's Bash can start them in the background):
+    each answer costs $0.0111 and may cost up to $0.02 (budget.call_usd); the limit is $0.01.
+    Before, each was checked against what was metered, $0, and all five went through ($0.0555,
+    past limit + one call). Now a call in flight counts at $0.02: one goes, four are refused,
+    and the session spends at most its limit plus one call."""
+    g, secret, url = gateway
+    token = _token(secret, limit="0.01", call="0.02")
+    caplog.set_level(logging.WARNING, logger="runner.gateway.server")
+    statuses: list[int] = []
+
+    def call() -> None:
+        conn, resp = _post(url, token)
+        resp.read()
+        statuses.append(resp.status)
+        conn.close()
+
+    threads = [threading.Thread(target=call) for _ in range(5)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while len(statuses) < 4 and time.monotonic() < deadline:  # the refused ones answer at once
+        time.sleep(0.05)
+    _Upstream.go.set()  # the one forwarded may now finish
+    for t in threads:
+        t.join(20)
+    assert sorted(statuses) == [200, 403, 403, 403, 403], statuses
+    assert len(_Upstream.seen) == 1
+    meter = g.meter(("camp", "P-1", "s-001", 1))
+    assert Decimal(meter["cost_usd"]) == Decimal("0.0111") <= Decimal("0.01") + Decimal("0.02")
+    assert sum("1 call(s) in flight at up to $0.02 each" in r.getMessage() for r in caplog.records) == 4
 
 
 def test_the_gateway_holds_the_key_over_tls_only():
