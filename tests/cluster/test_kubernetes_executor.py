@@ -15,12 +15,14 @@ import sys
 import tempfile
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from runner import demo, layout
+from runner.budget import books
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.executors.kubernetes import START_ATTEMPTS, KubernetesExecutor
@@ -255,6 +257,50 @@ def test_controller_killed_and_restarted_creates_no_session_twice(kube_cluster, 
     intents = [e for e in ledger.entries if e["type"] == "intent"]
     assert len(intents) == 32 and {e["attempt"] for e in intents} == {1}
     assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
+    _wait_no_pods(kube_cluster, namespace)
+
+
+def test_a_budget_holds_through_a_controller_killed_and_restarted(kube_cluster, nodes, namespace, sim_root, shared,
+                                                                  real_stream, tmp_path):
+    """Issue 15: "a restarted or resumed campaign keeps the same books". Eight sessions of
+    $0.003 each (the replayed stream's cost), each reserving $0.006 ($0.004 session limit +
+    $0.002 a call), under a $0.02 budget: five fit ($0.003 x 4 + $0.006 <= $0.02). The
+    controller is SIGKILLed once two outcomes are journaled, with sessions in flight; the
+    restarted one adopts their pods, whose reservations the ledger kept, and starts no session
+    the books cannot hold: five succeed, three are not started (exit 3), no pod is created twice,
+    and the realized cost stays within the budget."""
+    store_uri = (tmp_path / "store").as_uri()
+    env = {**os.environ, **_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                                RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"), RUNNER_BUDGET__CALL_USD="0.002")}
+    plan = _plan(f"books-{_uid()}", 2)  # 8 sessions
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_bytes(plan.canonical_json())
+    argv = [sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS), "--executor", "kubernetes",
+            "--concurrency", "4", "--budget-usd", "0.02", "--session-budget-usd", "0.004"]
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream, 1.0), harness_binds=(str(shared),)) as sim:
+        first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        store = open_store(store_uri)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if len([s for s in Ledger(store, plan.campaign).sessions().values() if s.outcome]) >= 2:
+                break
+            time.sleep(0.1)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        killed = Ledger(store, plan.campaign)
+        assert [s for s in killed.sessions().values() if s.status == "started"], "the kill came too late"
+        assert books(killed).reserved > 0
+        second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert not sim.errors, sim.errors
+        assert all(len(u) == 1 for u in sim.created.values()), {k: v for k, v in sim.created.items() if len(v) > 1}
+    assert second.returncode == 3, second.stderr
+    assert "budget: 3 session(s) not started" in second.stderr, second.stderr
+    ledger = Ledger(store, plan.campaign)
+    assert not ledger.verify()
+    assert sorted(s.status for s in ledger.sessions().values()) == ["succeeded"] * 5
+    final = books(ledger)
+    assert final.reserved == 0 and final.spent == Decimal("0.015") <= Decimal("0.02")
+    assert {e["reserved_usd"] for e in ledger.entries if e["type"] == "start"} == {"0.006"}
     _wait_no_pods(kube_cluster, namespace)
 
 
