@@ -102,7 +102,8 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
 def test_a_session_stopped_by_its_own_limit_is_an_observation_the_prose_names(tmp_path, env):
     """At --session-budget-usd 0.005 the CLI stops after its second answer ($0.0096: the CLI
     checks after each answer, so it crosses the limit by less than one answer). The session is
-    recorded with answer null, its cost stays under its reservation, and the prose names it."""
+    recorded with answer null (the contract: "Every other message records answer: null."), its
+    cost stays under its reservation, and the prose names it."""
     plan = _plan(tmp_path, 1)
     env = {**env, "RUNNER_BUDGET__SESSION_USD": "0.005"}
     done = cli("run", str(plan), "--corpus", str(CORPUS), "--budget-usd", "1", env=env)
