@@ -14,16 +14,15 @@ stored stream (reopen, any-fd, pidfd_getfd and ptrace all wrote), so these tests
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from local_run import run_local
 from pydantic import SecretStr
 
 from runner import layout
-from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.errors import ConfinementError
 from runner.executors import local
@@ -80,8 +79,7 @@ def session(tmp_path_factory, claude_command):
             store=store.uri, provider={"base_url": provider.base_url, "api_key": SecretStr("test-key")},
             harness={"command": claude_command[0], "timeout_seconds": 120}, local={"workdir": root / "work"},
         )
-        run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 1, [],
-                     progress_out=open(os.devnull, "w"))
+        run_local(plan, corpus, store, settings, 1)
     run_transform(store, plan)
     keys = layout.SessionKeys("channel", PROBE["id"], "present-001")
     raw = store.get(keys.stream)

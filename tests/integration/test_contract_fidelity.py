@@ -9,19 +9,17 @@ scenario), so the CLI runs once per rule; one more campaign runs the bundled dem
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from local_run import run_local
 from markdown_it import MarkdownIt
 from pydantic import SecretStr
 
 from runner import digest, layout, stream
-from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
-from runner.executors.local import LocalExecutor
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
@@ -135,8 +133,7 @@ def _record(root: Path, name: str, corpus: Path, plan_doc: dict, scenarios: dict
             harness={"command": claude_command[0], "env": {"CLAUDE_CODE_MAX_RETRIES": "2"}, "timeout_seconds": timeout},
             local={"workdir": root / "work"},
         )
-        run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 2, [],
-                     progress_out=open(os.devnull, "w"))
+        run_local(plan, corpus, store, settings, 2)
     report = run_transform(store, plan)
     texts = {}
     for arm in plan.arms:

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from local_run import run_local
 from pydantic import SecretStr
 
 from runner import digest, layout, stream
-from runner.campaign import run_sessions
-from runner.executors.local import LocalExecutor
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore
@@ -88,8 +87,7 @@ def _run_campaign(root: Path, name: str, probes: list[dict], claude_command, ext
             harness={"command": claude_command[0], "env": {"CLAUDE_CODE_MAX_RETRIES": "2"}, "timeout_seconds": 120},
             local={"workdir": root / "work"},
         )
-        run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 2, ["report.txt"],
-                     progress_out=open(os.devnull, "w"))
+        run_local(plan, corpus, store, settings, 2, ["report.txt"])
     report = run_transform(store, plan)
     key = layout.transcript_key(name, "regression", "present")
     text = store.get(key).decode() if store.exists(key) else ""

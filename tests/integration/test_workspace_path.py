@@ -13,15 +13,13 @@ the workspace is ``/workspace`` for every session, as in the Kubernetes executor
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from local_run import run_local
 from pydantic import SecretStr
 
 from runner import layout
-from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
-from runner.executors.local import LocalExecutor
 from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.plan import parse_plan
 from runner.settings import Settings
@@ -61,8 +59,7 @@ def campaign(tmp_path_factory, claude_command):
             provider={"base_url": provider.base_url, "api_key": SecretStr("test-key")},
             harness={"command": claude_command[0], "timeout_seconds": 120}, local={"workdir": root / "work"},
         )
-        run_sessions(plan, corpus, store, LocalExecutor(settings), settings.local.workdir, 2, [],
-                     progress_out=open(os.devnull, "w"))
+        run_local(plan, corpus, store, settings, 2)
     run_transform(store, plan)
     keys = [layout.SessionKeys(CAMPAIGN, spec.probe, spec.name) for spec in plan.sessions()]
     assert [k.session for k in keys] == ["present-001", "present-002"]

@@ -1,0 +1,23 @@
+"""One local run as `probe-runner run` makes it, for the tests that drive run_sessions
+directly: the local executor, closed afterwards (its provider gateway with it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runner.campaign import RunReport, run_sessions
+from runner.executors.local import LocalExecutor
+from runner.plan import Plan
+from runner.settings import Settings
+from runner.store import Store
+
+
+def run_local(plan: Plan, corpus: Path, store: Store, settings: Settings, concurrency: int,
+              produced: list[str] | None = None) -> RunReport:
+    executor = LocalExecutor(settings)
+    try:
+        return run_sessions(plan, corpus, store, executor, settings.local.workdir, concurrency, produced or [],
+                            progress_out=open(os.devnull, "w"))
+    finally:
+        executor.close()
