@@ -285,6 +285,26 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     return 0
 
 
+@cli.command(short_help="check that this host (and with --cluster, the install) can run a campaign")
+@click.option("--cluster", is_flag=True, help="also check the install in $RUNNER_KUBE__NAMESPACE: the chart's settings, a "
+                                              "ready egress proxy, one confinement check by a canary pod")
+@with_settings()
+def doctor(settings: Settings, cluster: bool) -> int:
+    """Check, one line each, what a campaign needs: bubblewrap confines the harness, the
+    harness is the CLI version the recorder was verified against, the store is writable, the
+    provider accepts the key (a token count: nothing is spent); with --cluster, the install.
+    Exit 0 only when every check holds."""
+    from runner.doctor import cluster_checks, local_checks
+
+    checks = local_checks(settings) + (cluster_checks(settings) if cluster else [])
+    for c in checks:
+        click.echo(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.says}")
+    failed = [c.name for c in checks if not c.ok]
+    if failed:
+        click.echo(f"{len(failed)} of {len(checks)} checks failed: {', '.join(failed)}", err=True)
+    return 1 if failed else 0
+
+
 @cli.command(short_help="(re)build the transcripts and refusals.json from the stored streams")
 @campaign_argument
 @click.option("--job", is_flag=True, help="run it in the cluster instead: create the campaign's transform Job in "

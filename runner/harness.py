@@ -6,6 +6,10 @@ from __future__ import annotations
 from runner.plan import Plan
 from runner.settings import Settings
 
+# The CLI version the recorder's rules (the stream's shapes, the init line's checks, the
+# budget's stop) were verified against; `probe-runner doctor` says so when another is found.
+VERIFIED_VERSION = "2.1.197"
+
 
 def flags(plan: Plan, settings: Settings) -> list[str]:
     """Everything after the executable. The task goes in on stdin, never as an argument, so

@@ -79,6 +79,8 @@ class KubernetesExecutor:
     proxy_url: str | None = None  # HTTPS_PROXY of session pods, by address (set by preflight)
     monitor: ConfinementMonitor | None = None  # the canary checks (started by prepare)
     waiting_room: int = 0  # kube.waiting_pods
+    # Names of other NetworkPolicies that also select session pods (set by preflight).
+    foreign_policies: Callable[[], list[str]] = lambda: []
 
     def __post_init__(self) -> None:
         k = self.settings.kube
@@ -96,8 +98,8 @@ class KubernetesExecutor:
         k = self.settings.kube
         probe_labels = names.session_labels(k.instance, "preflight", "preflight", "preflight", 1)
         own = own_policy_names(self.settings)
-        self._foreign = lambda: foreign_policies_selecting(self.kube.network_policies(), probe_labels, own)
-        foreign = self._foreign()
+        self.foreign_policies = lambda: foreign_policies_selecting(self.kube.network_policies(), probe_labels, own)
+        foreign = self.foreign_policies()
         if foreign:
             raise UserError(
                 f"namespace {k.namespace}: NetworkPolicy {', '.join(sorted(foreign))} also selects session pods; "
@@ -124,7 +126,7 @@ class KubernetesExecutor:
                 live.add(key)
         if k.canary_enabled:
             assert self.proxy_url is not None, "preflight() first"
-            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.proxy_url, self._foreign)
+            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.proxy_url, self.foreign_policies)
             self.monitor.start()
         return live
 

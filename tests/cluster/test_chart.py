@@ -301,6 +301,35 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert hashlib.sha256((dest / "refusals.json").read_bytes()).hexdigest() in sums.decode()
 
 
+def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, install, bucket, tmp_path):
+    """`probe-runner doctor --cluster` (issue 16, item 3): against the installed chart, its
+    settings and a ready egress proxy hold (the canary is off here: KWOK runs no container, and
+    doctor says it was not measured); against a namespace with no install, the chart and the
+    proxy checks fail, each with what to do, the confinement check is not measured, and the
+    exit is 1."""
+    from runner.demo.provider import ScriptedProvider
+
+    with ScriptedProvider({"scenarios": [{"name": "x", "turns": [{"text": "x"}]}]}, api_key="demo-key") as provider:
+        env = {**_user_env(kube_cluster, install, bucket, tmp_path), "RUNNER_PROVIDER__API_KEY": "demo-key",
+               "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_STORE": (tmp_path / "store").as_uri()}
+        ok = _cli(env, "doctor", "--cluster")
+        empty = kube_cluster.create_namespace(f"no-install-{secrets.token_hex(3)}")
+        missing = _cli({**env, "RUNNER_KUBE__NAMESPACE": empty}, "doctor", "--cluster")
+    namespace, release, _ = install
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = dict(line[5:].split(": ", 1) for line in ok.stdout.splitlines())
+    assert lines["chart"] == f"the chart is installed as {release} in {namespace} (ConfigMap {release}-settings)"
+    assert lines["proxy"] == "1 egress proxy pod(s) ready"
+    assert lines["cluster confinement"].startswith("not measured: the install sets kube.canary_enabled false")
+    assert missing.returncode == 1, missing.stdout
+    failed = [line for line in missing.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 3 and failed[0].startswith(f"FAIL chart: reading ConfigMap {release}-settings in namespace {empty}")
+    assert failed[1] == (f"FAIL proxy: no egress proxy pod of {release} is ready in {empty} (0 found): "
+                         f"kubectl -n {empty} describe deployment {release}-egress-proxy")
+    assert failed[2] == "FAIL cluster confinement: not measured: the chart's settings were not found (above)"
+    assert "Traceback" not in missing.stderr
+
+
 def test_the_controller_identity_is_denied_what_the_role_does_not_grant(kube_cluster, install, controller_identity):
     namespace, release, _ = install
     other = kube_cluster.create_namespace(f"other-{secrets.token_hex(3)}")

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
+from runner import harness
 from runner.demo.provider import ScriptedProvider
 
 #: The CLI version the fixtures and the recorder were verified against.
-EXPECTED_CLAUDE_VERSION = "2.1.197"
+EXPECTED_CLAUDE_VERSION = harness.VERIFIED_VERSION
 
 
 def _locate_claude() -> list[str]:

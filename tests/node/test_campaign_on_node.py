@@ -69,3 +69,14 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
         text = t.read_text()
         assert "Confinement was measured, not assumed" in text
         assert "In every check each route was closed but the provider through the egress proxy" in text
+
+
+def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_path):
+    """`probe-runner doctor --cluster` on the real node (issue 16, item 3): the chart's settings
+    and a ready proxy hold, and a canary pod finds every route closed but the provider through
+    the proxy. (KWOK's cluster tier can only say it was not measured.)"""
+    done = _cli(install.settings_env(tmp_path), "doctor", "--cluster", timeout=300)
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
+    assert lines["ok   chart"].startswith(f"the chart is installed as {install.release}"), done.stdout + done.stderr
+    assert lines["ok   proxy"].endswith("egress proxy pod(s) ready"), done.stdout
+    assert lines["ok   cluster confinement"].startswith("a canary found every route closed but the provider"), done.stdout

@@ -1,0 +1,161 @@
+"""`probe-runner doctor`: whether this host (and, with a cluster, the install) can run a
+campaign, before one is run. Each check is one line: what holds, or what is wrong and what to
+do. Nothing is journaled or spent: the provider is asked a token count, which costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import SecretStr
+
+from runner import harness
+from runner.errors import UserError
+from runner.settings import Settings
+
+PROVIDER_TIMEOUT = 20.0  # seconds for the provider's answer to the token count
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    says: str  # what holds, or what is wrong and what to do
+
+
+def _run(name: str, fn: Callable[[], str]) -> Check:
+    """A check passes when ``fn`` returns what holds; a UserError (or an OSError) is the
+    failure, its message what to do."""
+    try:
+        return Check(name, True, fn())
+    except (UserError, OSError) as e:
+        return Check(name, False, str(e))
+
+
+def local_checks(settings: Settings) -> list[Check]:
+    return [
+        _run("confinement", lambda: _confinement(settings)),
+        _run("harness", lambda: _harness_version(settings)),
+        _run("store", lambda: _store(settings)),
+        _run("provider", lambda: _provider(settings)),
+    ]
+
+
+def _confinement(settings: Settings) -> str:
+    """What a local run's preflight does: bwrap creates its namespaces around the harness."""
+    from runner.executors.local import LocalExecutor
+
+    if settings.provider.api_key is None and settings.provider.credentials_file is None:  # the provider check says so
+        settings = settings.model_copy(update={"provider": settings.provider.model_copy(update={"api_key": SecretStr("-")})})
+    executor = LocalExecutor(settings)
+    executor.preflight()
+    return f"bubblewrap confines the harness ({executor.harness_version})"
+
+
+def _harness_version(settings: Settings) -> str:
+    found = shutil.which(settings.harness.command)
+    if not found:
+        raise UserError(f"the harness {settings.harness.command!r} is not on PATH: "
+                        f"npm install -g @anthropic-ai/claude-code@{harness.VERIFIED_VERSION}")
+    out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
+    version = out.stdout.split()[0] if out.stdout.split() else ""
+    if out.returncode != 0 or version != harness.VERIFIED_VERSION:
+        raise UserError(f"the harness {found} is version {version or '(none: ' + out.stderr.strip()[:80] + ')'}; the "
+                        f"recorder's rules were verified against {harness.VERIFIED_VERSION}: "
+                        f"npm install -g @anthropic-ai/claude-code@{harness.VERIFIED_VERSION}")
+    return f"{found} is {version}, the version the recorder was verified against"
+
+
+def _store(settings: Settings) -> str:
+    from runner.store import StoreError, open_store
+
+    key = f"doctor/{secrets.token_hex(8)}"
+    try:
+        store = open_store(settings.store, settings)
+        data = secrets.token_bytes(32)
+        store.put(key, data, create_only=True)
+        if store.get(key) != data:
+            raise UserError(f"store {settings.store}: what was written did not read back")
+        store.delete(key)
+    except (StoreError, OSError) as e:
+        raise UserError(f"store {settings.store} is not writable ({e}): check RUNNER_STORE and its credentials") from None
+    return f"{settings.store} is reachable and writable"
+
+
+def _provider(settings: Settings) -> str:
+    p = settings.provider
+    if p.api_key is None:
+        if p.credentials_file is not None and p.credentials_file.is_file():
+            return f"a credentials.json login ({p.credentials_file}): it cannot be checked without a session"
+        raise UserError("no credentials: set RUNNER_PROVIDER__API_KEY (or RUNNER_PROVIDER__CREDENTIALS_FILE)")
+    body = json.dumps({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "doctor"}]}).encode()
+    url = p.base_url.rstrip("/") + "/v1/messages/count_tokens"
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "x-api-key": p.api_key.get_secret_value(), "anthropic-version": "2023-06-01", "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=PROVIDER_TIMEOUT) as resp:
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403):
+            raise UserError(f"the provider at {p.base_url} refused the key (HTTP {e.code}): check RUNNER_PROVIDER__API_KEY") from None
+        raise UserError(f"the provider at {p.base_url} answered a token count with HTTP {e.code}: "
+                        f"{e.read()[:200].decode(errors='replace')}") from None
+    except (urllib.error.URLError, TimeoutError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"the provider at {p.base_url} cannot be reached ({reason}): check RUNNER_PROVIDER__BASE_URL "
+                        "and this host's network") from None
+    return f"{p.base_url} accepts the key (a token count, HTTP {status}; nothing spent)"
+
+
+def cluster_checks(settings: Settings) -> list[Check]:
+    """The install this host's kubeconfig reaches: the chart's settings, a ready egress proxy,
+    and one confinement check by a canary pod (where kube.canary_enabled)."""
+    from runner.k8s.api import Kube
+
+    kube = Kube(settings.kube)
+    k = settings.kube
+    found: dict[str, Settings] = {}
+
+    def chart() -> str:
+        from runner.k8s import jobs
+
+        name = jobs.settings_config_map(k.instance)
+        found["install"] = jobs.install_settings(kube.config_map_data(name), settings, f"ConfigMap {k.namespace}/{name}")
+        return f"the chart is installed as {k.instance} in {k.namespace} (ConfigMap {name})"
+
+    def proxy() -> str:
+        from runner.k8s import names
+
+        pods, _ = kube.list_pods(names.selector_string(names.selector(k.instance, names.PROXY_COMPONENT)))
+        ready = [p["metadata"]["name"] for p in pods if any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])]
+        if not ready:
+            raise UserError(f"no egress proxy pod of {k.instance} is ready in {k.namespace} ({len(pods)} found): "
+                            f"kubectl -n {k.namespace} describe deployment {k.instance}-egress-proxy")
+        return f"{len(ready)} egress proxy pod(s) ready"
+
+    def confinement() -> str:
+        install = found.get("install")
+        if install is None:
+            raise UserError("not measured: the chart's settings were not found (above)")
+        if not install.kube.canary_enabled:
+            return "not measured: the install sets kube.canary_enabled false (its transcripts say so)"
+        from runner.executors.kubernetes import KubernetesExecutor
+        from runner.k8s.confinement import ConfinementMonitor
+
+        executor = KubernetesExecutor(install, kube)
+        executor.preflight()
+        assert executor.proxy_url is not None
+        check = ConfinementMonitor(install, kube, "doctor", executor.proxy_url, executor.foreign_policies).check()
+        if not check.passed:
+            raise UserError(f"the confinement check failed: {check.problem}")
+        return f"a canary found every route closed but the provider through the proxy ({len(check.results)} routes)"
+
+    return [_run("chart", chart), _run("proxy", proxy), _run("cluster confinement", confinement)]
