@@ -257,49 +257,53 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
-        with slots.take(force=adopt) as slot:  # a session whose harness already runs is followed at once
-            why = executor.halted()
-            if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
-                report.unconfined = why
-                progress.session(spec, f"not started ({why})", None)
+        if gate is not None and not adopt:
+            try:  # before a slot is taken: a session waiting for money holds none a stepped-aside one needs back
+                gate.hold()
+            except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
+                report.over_budget.append(spec.key)
+                report.budget_why = str(e)
+                progress.session(spec, "not started (over budget)", None)
                 return
-            if backoff is not None and not adopt:
-                try:
-                    backoff.wait()
-                except Halted as e:  # nothing is journaled: the next run starts it
-                    progress.session(spec, f"not started ({e})", None)
-                    return
+        try:
+            with slots.take(force=adopt) as slot:  # a session whose harness already runs is followed at once
+                one_in_slot(spec, attempt, adopt, slot)
+        finally:
             if gate is not None:
-                try:
-                    if adopt:
-                        gate.adopt()
-                    else:
-                        gate.hold()
-                except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
-                    report.over_budget.append(spec.key)
-                    report.budget_why = str(e)
-                    progress.session(spec, "not started (over budget)", None)
-                    return
-            signals = Signals()
-            try:
-                status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
-                                       produced, adopt, signals, slot, gate.money() if gate is not None else None)
-            finally:
-                if gate is not None:
-                    gate.done(ledger, spec.key, attempt)
-            report.ran.append(spec.key)
-            progress.session(spec, status, cost)
-            if backoff is not None and status in ("succeeded", "failed"):
-                if signals.refused is not None:
-                    progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
-                                  f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
-                                  f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
-                                  f"failed on it")
-                pause = backoff.record(signals)
-                if pause > 0:
-                    progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
-                                  f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s")
+                gate.done(ledger, spec.key, attempt)
 
+    def one_in_slot(spec: SessionSpec, attempt: int, adopt: bool, slot: Slot) -> None:
+        why = executor.halted()
+        if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
+            report.unconfined = why
+            progress.session(spec, f"not started ({why})", None)
+            return
+        if backoff is not None and not adopt:
+            try:
+                backoff.wait()
+            except Halted as e:  # nothing is journaled: the next run starts it
+                progress.session(spec, f"not started ({e})", None)
+                return
+        signals = Signals()
+        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
+                               produced, adopt, signals, slot, gate.money() if gate is not None else None)
+        report.ran.append(spec.key)
+        progress.session(spec, status, cost)
+        if backoff is not None and status in ("succeeded", "failed"):
+            if signals.refused is not None:
+                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
+                              f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
+                              f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
+                              f"failed on it")
+            pause = backoff.record(signals)
+            if pause > 0:
+                progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
+                              f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s")
+
+    if gate is not None:  # adopted sessions may still give money back: counted before any session asks for some
+        for _, _, adopt in todo:
+            if adopt:
+                gate.adopt()
     with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
         for f in [pool.submit(one, item) for item in todo]:
             f.result()
@@ -307,6 +311,17 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     if report.unconfined is None:
         report.unconfined = executor.halted()
     return report
+
+
+def settled_cost(stream_cost: Decimal | None, metered: dict | None) -> Decimal | None:
+    """What an attempt's reservation is settled at: the stream's cost, or the gateway's meter
+    where it is more (calls made with the session's token outside the CLI); None, so the whole
+    reservation, where neither is known or the gateway could not price a call."""
+    if metered is None:
+        return stream_cost
+    if metered.get("unpriced_models"):
+        return None
+    return max(stream_cost or Decimal(0), Decimal(metered["cost_usd"]))
 
 
 def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
@@ -382,8 +397,9 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
             refused = signals.refused
             status = "failed" if record["timed_out"] or refused is not None else "succeeded"
             detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
-            if parsed.cost_usd is not None:  # what the budget's books settle this attempt at
-                detail["cost_usd"] = str(parsed.cost_usd)
+            settled = settled_cost(parsed.cost_usd, record.get("gateway"))
+            if settled is not None:  # what the budget's books settle this attempt at
+                detail["cost_usd"] = str(settled)
             if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
                 detail["reason"] = refused_key(refused)
             hooks.stage("before-outcome")

@@ -101,10 +101,17 @@ def _price(i: str, o: str, w: str, r: str) -> ModelPrice:
     return ModelPrice(input=Decimal(i), output=Decimal(o), cache_write=Decimal(w), cache_read=Decimal(r))
 
 
-DEFAULT_PRICES = {  # Anthropic's list prices, US dollars per million tokens (5-minute cache writes)
+# Anthropic's list prices, US dollars per million tokens (5-minute cache writes), by model-id
+# prefix: each names one model (its alias and its dated ids), so a newer model matches none and
+# is not metered at an older one's price.
+DEFAULT_PRICES = {
     "claude-opus-4-5": _price("5", "25", "6.25", "0.50"),
-    "claude-opus-4": _price("15", "75", "18.75", "1.50"),
-    "claude-sonnet-4": _price("3", "15", "3.75", "0.30"),
+    "claude-opus-4-1": _price("15", "75", "18.75", "1.50"),
+    "claude-opus-4-0": _price("15", "75", "18.75", "1.50"),
+    "claude-opus-4-2025": _price("15", "75", "18.75", "1.50"),
+    "claude-sonnet-4-5": _price("3", "15", "3.75", "0.30"),
+    "claude-sonnet-4-0": _price("3", "15", "3.75", "0.30"),
+    "claude-sonnet-4-2025": _price("3", "15", "3.75", "0.30"),
     "claude-3-7-sonnet": _price("3", "15", "3.75", "0.30"),
     "claude-haiku-4-5": _price("1", "5", "1.25", "0.10"),
     "claude-3-5-haiku": _price("0.80", "4", "1", "0.08"),
@@ -115,7 +122,7 @@ class GatewaySettings(BaseModel):
     """The provider gateway (runner/gateway/): the one holder of the provider key."""
 
     enabled: bool = Field(True, description="Give sessions a token of their own instead of the provider key, through the provider gateway, wherever the key is given as provider.api_key (a provider.credentials_file login cannot be held by the gateway: that session reads its credentials, the explicit exception). false: the key in the session's environment. Default: true.")
-    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="What the gateway meters each call at: model-id prefix (the longest that matches wins) -> US dollars per million tokens of input, output, cache_write and cache_read. A model no prefix matches is metered in tokens only, and the transcript's prose says so. Default: Anthropic's list prices of the Claude 3.5 to 4.5 models.")
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="What the gateway meters each call at: model-id prefix (the longest that matches wins) -> US dollars per million tokens of input, output, cache_write and cache_read. A model no prefix matches is metered in tokens only, and the transcript's prose says so; where a session has a limit, its calls to such a model are refused (they could not be held to it). Default: Anthropic's list prices of Claude Haiku 3.5 to Opus 4.5, one prefix per model.")
     connect_timeout_seconds: float = Field(30.0, gt=0, description="Limit of opening a connection to the provider, in seconds; the session then gets a 502 (the CLI retries it). Default: 30.")
     read_timeout_seconds: float = Field(600.0, gt=0, description="Longest silence of the provider within one answer, in seconds. Default: 600.")
 

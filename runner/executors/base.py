@@ -101,16 +101,17 @@ class Slot:
                 s._cond.notify_all()
             return not self.held
 
-    def back(self, timeout: float) -> bool:
+    def back(self, timeout: float | None) -> bool:
         """Take a slot again before the harness can start; False if none was free within
-        ``timeout`` seconds (the session is then still aside)."""
+        ``timeout`` seconds (None: as long as it takes; the session is then still aside)."""
         s = self.slots
         with s._cond:
             if self.held:
                 return True
             s.returning += 1
             try:
-                if not s._cond.wait_for(lambda: s.running < s.running_limit, timeout=max(timeout, 0)):
+                if not s._cond.wait_for(lambda: s.running < s.running_limit,
+                                        timeout=None if timeout is None else max(timeout, 0)):
                     return False
             finally:
                 s.returning -= 1

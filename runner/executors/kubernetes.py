@@ -255,7 +255,7 @@ class KubernetesExecutor:
                 self._delete(name, grace=0)
                 self.cache.wait(name, lambda p: p is None, timeout=120)
                 self.waiting.note(session, "waiting for a slot")
-                slot.back(float("inf"))
+                slot.back(None)
                 attempts -= 1  # the pod did start: not a failed attempt
                 continue
             if start.kind == "gone":

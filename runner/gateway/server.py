@@ -39,6 +39,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 CREDENTIALS = {"x-api-key", "authorization"}
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 MILLION = Decimal(1_000_000)
+SHUTDOWN_SECONDS = 5.0  # what calls still open get when a run's gateway stops
 
 
 
@@ -163,7 +164,7 @@ class Gateway:
         app = web.Application(client_max_size=64 << 20)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
-        app.on_cleanup.append(self._close)
+        app.on_shutdown.append(self._close)  # first: calls still open end now, not at the shutdown timeout
         return app
 
     async def _open(self, _: web.Application) -> None:
@@ -207,12 +208,24 @@ class Gateway:
             return self._refuse(request, claims, 401, "authentication_error", "token refused: the attempt has ended")
         if (request.method, request.path) not in ALLOWED:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
-        if request.path == "/v1/messages" and not self._admit(claims):  # count_tokens is free
+        body = await request.read()
+        metered = request.path == "/v1/messages"  # count_tokens is free
+        if metered and claims.limit() is not None:
+            model = _model_of(body)
+            if price_of(self.prices, model) is None:
+                return self._refuse(request, claims, 400, "invalid_request_error",
+                                    f"model {model!r} has no price at the gateway (gateway.prices), so its calls could not "
+                                    "be held to the session's limit")
+        if metered and not self._admit(claims):
             meter = self.meters[claims.attempt_key]
             return self._refuse(request, claims, 403, "permission_error",
                                 f"{LIMIT_SPENT} (${claims.limit()}; ${meter.usd} metered, {meter.in_flight} call(s) in flight "
                                 f"at up to ${claims.call()} each)")
-        return await self._forward(request, claims)
+        flight = _Flight(self, claims, metered)
+        try:
+            return await self._forward(request, claims, body, flight)
+        finally:
+            flight.end(None)  # cut short before its answer was read (a no-op once ended)
 
     def _admit(self, claims: Claims) -> bool:
         """Whether a call may start: what is metered, and what the calls in flight may still add
@@ -226,20 +239,18 @@ class Gateway:
             meter.in_flight += 1
             return True
 
-    async def _forward(self, request: web.Request, claims: Claims) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, claims: Claims, body: bytes, flight: _Flight) -> web.StreamResponse:
         assert self._client is not None
         headers = {k: v for k, v in request.headers.items()
                    if k.lower() not in HOP_BY_HOP | CREDENTIALS and k.lower() != "accept-encoding"}
         headers["x-api-key"] = self.key
         headers["accept-encoding"] = "identity"  # metered as it passes: no compressed answer
-        body = await request.read()
         url = self.upstream + request.rel_url.path_qs
         started = time.monotonic()
         try:
             upstream = await self._client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
         except (TimeoutError, aiohttp.ClientError) as e:
             log.warning("upstream %s unreachable for %s: %s", url, claims.name, e)
-            self._count(claims, None, request.path)
             return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
         reader = UsageReader("text/event-stream" in upstream.headers.get("content-type", ""))
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
@@ -247,31 +258,24 @@ class Gateway:
             if k.lower() not in HOP_BY_HOP:
                 response.headers.add(k, v)
         sent = 0
-        counted = False
         try:
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 reader.feed(chunk)
                 await response.write(chunk)
                 sent += len(chunk)
-            reader.close()
-            self._count(claims, reader, request.path)  # before the end reaches the session: its next call sees it
-            counted = True
+            flight.end(reader)  # before the end reaches the session: its next call sees it
             await response.write_eof()
         finally:
             upstream.release()
-            if not counted:  # cut short: what passed is counted
-                reader.close()
-                self._count(claims, reader, request.path)
+            flight.end(reader)  # cut short: what passed is counted
             log.info("%s %s %s -> %s, %d bytes in %.3f s, usage %s", claims.name, request.method, request.path,
                      upstream.status, sent, time.monotonic() - started, reader.usage)
         return response
 
-    def _count(self, claims: Claims, reader: UsageReader | None, path: str) -> None:
+    def _count(self, claims: Claims, reader: UsageReader | None) -> None:
         """A metered call is over (``reader``: what its answer said; None: no answer): its
-        usage counts and it is no longer in flight, before the session can see its end."""
-        if path != "/v1/messages":
-            return  # count_tokens is free
+        usage counts and it is no longer in flight."""
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
             meter.in_flight -= 1
@@ -285,6 +289,30 @@ class Gateway:
                 meter.usd += cost(price, reader.usage)
             elif reader.usage:
                 meter.unpriced.add(reader.model or "(none)")
+
+
+class _Flight:
+    """One forwarded call, ended exactly once on every path (answered, cut short, the upstream
+    unreachable, the client gone): a metered call then counts and leaves the in-flight tally."""
+
+    def __init__(self, gateway: Gateway, claims: Claims, metered: bool) -> None:
+        self.gateway, self.claims, self.open = gateway, claims, metered
+
+    def end(self, reader: UsageReader | None) -> None:
+        if self.open:
+            self.open = False
+            if reader is not None:
+                reader.close()
+            self.gateway._count(self.claims, reader)
+
+
+def _model_of(body: bytes) -> str | None:
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    model = doc.get("model") if isinstance(doc, dict) else None
+    return model if isinstance(model, str) else None
 
 
 class GatewayThread:
@@ -310,15 +338,21 @@ class GatewayThread:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
+        """Stop serving: calls still open get SHUTDOWN_SECONDS, then the loop stops whatever
+        they do (a stop that cannot finish is logged, never raised into the run's end)."""
+        try:
+            if self._runner is not None:
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(SHUTDOWN_SECONDS + 5)
+        except Exception as e:  # noqa: BLE001 - the run's transform must still happen
+            log.warning("the provider gateway did not stop cleanly: %s: %s", type(e).__name__, e)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._runner = web.AppRunner(self.gateway.app(), access_log=None)
+            self._runner = web.AppRunner(self.gateway.app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
             self._loop.run_until_complete(self._runner.setup())
             site = web.TCPSite(self._runner, self.host, self.port)
             self._loop.run_until_complete(site.start())
@@ -330,4 +364,11 @@ class GatewayThread:
             return
         self._ready.set()
         self._loop.run_forever()
+        # Stopped: what is still pending (a handler the shutdown timeout left) is cancelled and
+        # run to its end here, so nothing is collected later on a closed loop.
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()

@@ -180,9 +180,7 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
         prose.append(f"Sessions named {sum(n for _, n in outside)} paths outside the workspace in all ({detail}).")
     else:
         prose.append("No session named a path outside the workspace.")
-    noted = [f"{o.probe} {o.session}: {'; '.join(o.notes)}" for o in outcomes if o.event is not None and o.notes]
-    if noted:  # what the recorder saw of single events: an absent key, a file the session did not leave
-        prose.append(f"Notes on single events. {'. '.join(noted)}.")
+    prose.extend(notes_prose(outcomes))
     limited = [o for o in outcomes if o.timed_out and o.event is not None]
     if limited:
         prose.append(f"The time limit ended {len(limited)} session(s) before the harness finished "
@@ -207,6 +205,21 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
     if len(served) > 1:
         prose.append(f"The provider served more than one version: {', '.join(served)}.")
     return prose
+
+
+def notes_prose(outcomes: list[SessionOutcome]) -> list[str]:
+    """What the recorder saw of single events (an absent key, a file the session did not
+    leave), as one paragraph."""
+    noted = [f"{o.probe} {o.session}: {'; '.join(map(_plain, o.notes))}" for o in outcomes if o.event is not None and o.notes]
+    return [f"Notes on single events. {'. '.join(noted)}."] if noted else []
+
+
+def _plain(text: str) -> str:
+    """A note as one line of plain prose: the paths in it are the session's, so a line break,
+    a backtick or another control character in one is written as its escape, never as itself
+    (a fence it opened would swallow the rest of the transcript)."""
+    return "".join(c if c.isprintable() and c != "`" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                   for c in text)
 
 
 def _gateway_prose(outcomes: list[SessionOutcome], captures: list[dict[str, Any]]) -> list[str]:

@@ -100,6 +100,8 @@ def test_a_session_finds_no_key_and_its_side_calls_are_metered_and_stopped_at_it
     assert ("metered 4 call(s) of 1 session(s) at $0.639600 from the provider's usage fields; their streams state "
             "$0.009600. They differ for HW-PRB-0007 present-001 (gateway $0.639600, stream $0.009600)") in transcript
     assert "It refused 2 request(s)" in transcript
+    # The budget's books settle the attempt at what the gateway metered, not the stream's $0.0096.
+    assert Decimal(state.detail["cost_usd"]) == Decimal(meter["cost_usd"])
     assert "with its token) ended 1 session(s) (HW-PRB-0007 present-001)" in transcript  # an observation, answer null
     assert "refused POST /v1/messages (demo/HW-PRB-0007/present-001#1): the session's spend limit is reached" in done.stderr
 
@@ -174,7 +176,10 @@ def _token(secret: bytes, campaign: str = "camp", session: str = "s-001", expire
     return tokens.mint(secret, tokens.Claims(campaign, "P-1", session, 1, int(time.time() + expires_in), limit, call))
 
 
-def _post(url: str, token: str | None, path: str = "/v1/messages?beta=true", body: bytes = b'{"stream":true}'):
+BODY = json.dumps({"model": MODEL, "stream": True}).encode()
+
+
+def _post(url: str, token: str | None, path: str = "/v1/messages?beta=true", body: bytes = BODY):
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=20)
     headers = {"content-type": "application/json", **({"x-api-key": token} if token else {})}
@@ -197,7 +202,7 @@ def test_an_event_stream_comes_through_unbuffered_and_unchanged_with_the_key_add
     assert first + rest == b"".join(SSE)
     (req,) = _Upstream.seen
     assert req["headers"]["x-api-key"] == "the-real-key" and token not in json.dumps(req["headers"])
-    assert req["path"] == "/v1/messages?beta=true" and req["body"] == b'{"stream":true}'
+    assert req["path"] == "/v1/messages?beta=true" and req["body"] == BODY
     # Metered from the usage fields: 1000 in, 500 out (the delta's count stands), 2000 cache reads.
     meter = g.meter(("camp", "P-1", "s-001", 1))
     assert meter["calls"] == 1 and meter["usage"]["output_tokens"] == 500
@@ -206,7 +211,7 @@ def test_an_event_stream_comes_through_unbuffered_and_unchanged_with_the_key_add
 
 def test_a_provider_error_comes_back_unchanged(gateway):
     _, secret, url = gateway
-    conn, resp = _post(url, _token(secret), body=b'{"overloaded":1}')
+    conn, resp = _post(url, _token(secret), body=json.dumps({"model": MODEL, "overloaded": 1}).encode())
     assert resp.status == 529 and resp.getheader("retry-after") == "7"
     assert json.loads(resp.read())["error"]["type"] == "overloaded_error"
     conn.close()
@@ -220,12 +225,14 @@ def test_a_provider_error_comes_back_unchanged(gateway):
     ("no token", "no session token"),
     ("outside the allow-list", "GET /v1/files is not a path the CLI uses"),
     ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered, 0 call(s) in flight"),
+    ("unpriced model", "model 'claude-next-9' has no price at the gateway (gateway.prices), so its calls could not be held"),
 ])
 def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logged(gateway, caplog, case, reason):
     g, secret, url = gateway
     token = {"ended": _token(secret), "other campaign": _token(secret, campaign="other"),
              "forged": _token(tokens.new_secret()), "expired": _token(secret, expires_in=-1), "no token": None,
-             "outside the allow-list": _token(secret), "limit spent": _token(secret, limit="0")}[case]
+             "outside the allow-list": _token(secret), "limit spent": _token(secret, limit="0"),
+             "unpriced model": _token(secret, limit="1")}[case]
     if case == "ended":
         g.revoke(("camp", "P-1", "s-001", 1))
     caplog.set_level(logging.WARNING, logger="runner.gateway.server")
@@ -235,10 +242,10 @@ def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logg
         conn.request("GET", "/v1/files", headers={"x-api-key": token})
         resp = conn.getresponse()
     else:
-        conn, resp = _post(url, token)
+        conn, resp = _post(url, token, body=json.dumps({"model": "claude-next-9"}).encode() if case == "unpriced model" else BODY)
     body = json.loads(resp.read())
     conn.close()
-    assert resp.status in (401, 403, 404) and body["type"] == "error" and reason in body["error"]["message"]
+    assert resp.status in (400, 401, 403, 404) and body["type"] == "error" and reason in body["error"]["message"]
     assert any(reason in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert not _Upstream.seen, "a refused request reached the provider"
 
@@ -274,6 +281,40 @@ def test_concurrent_calls_of_one_session_cannot_pass_its_limit_together(gateway,
     meter = g.meter(("camp", "P-1", "s-001", 1))
     assert Decimal(meter["cost_usd"]) == Decimal("0.0111") <= Decimal("0.01") + Decimal("0.02")
     assert sum("1 call(s) in flight at up to $0.02 each" in r.getMessage() for r in caplog.records) == 4
+
+
+def test_no_call_is_left_in_flight_by_a_client_that_goes_or_a_body_too_large(gateway):
+    """A review found a call whose body could not be read (past 64 MiB: 413) stayed in the
+    in-flight tally for good, each taking budget.call_usd off the session's room: with a $1
+    limit and $1 a call, the next call was refused. Also a client that leaves mid-stream."""
+    g, secret, url = gateway
+    token = _token(secret, limit="1", call="1")
+    conn, resp = _post(url, token, body=json.dumps({"model": MODEL, "pad": "x" * (65 << 20)}).encode())
+    assert resp.status == 413
+    conn.close()
+    conn, resp = _post(url, token)  # the next call still has the whole limit's room
+    assert resp.status == 200 and resp.read1(65536) == SSE[0]
+    conn.close()  # ... and goes after its first chunk
+    _Upstream.go.set()
+    meter = g.meters[("camp", "P-1", "s-001", 1)]
+    deadline = time.monotonic() + 10
+    while (meter.in_flight or not meter.calls) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert meter.in_flight == 0 and meter.calls == 1
+
+
+def test_a_run_s_gateway_stops_even_with_a_call_still_open(upstream):
+    """A review found the run's end could wait 30 s on a call still open and then raise, so the
+    transform never ran: the upstream here never finishes its answer."""
+    secret = tokens.new_secret()
+    served = GatewayThread(Gateway(upstream, "k", secret, DEFAULT_PRICES, campaigns=["camp"])).__enter__()
+    conn, resp = _post(served.url, _token(secret))
+    assert resp.read1(65536) == SSE[0]
+    t0 = time.monotonic()
+    served.__exit__(None, None, None)  # raises nothing
+    assert time.monotonic() - t0 < 15
+    conn.close()
+    _Upstream.go.set()
 
 
 def test_the_gateway_holds_the_key_over_tls_only():

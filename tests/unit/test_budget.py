@@ -113,3 +113,18 @@ def test_a_campaign_budget_needs_a_session_limit_and_the_cli_gets_it(monkeypatch
     monkeypatch.delenv("RUNNER_BUDGET__CAMPAIGN_USD")
     monkeypatch.delenv("RUNNER_BUDGET__SESSION_USD")
     assert "--max-budget-usd" not in harness.flags(plan, load_settings())
+
+
+def test_an_attempt_settles_at_the_gateways_meter_where_it_is_more():
+    """A review found the books settled at the stream's cost alone, so a session whose Bash
+    spent with its token outside the CLI gave that money back to the campaign. The books now
+    settle at the larger of the stream's cost and the gateway's meter, and at the whole
+    reservation where the gateway could not price a call."""
+    from runner.campaign import settled_cost
+
+    assert settled_cost(D("0.0096"), None) == D("0.0096")  # no gateway (Kubernetes today)
+    assert settled_cost(D("0.0096"), {"cost_usd": "0.6396", "unpriced_models": []}) == D("0.6396")
+    assert settled_cost(D("0.02"), {"cost_usd": "0.0096", "unpriced_models": []}) == D("0.02")
+    assert settled_cost(None, {"cost_usd": "0.3", "unpriced_models": []}) == D("0.3")  # a stream cut before its result
+    assert settled_cost(D("0.01"), {"cost_usd": "0", "unpriced_models": ["claude-next-9"]}) is None
+    assert settled_cost(None, None) is None

@@ -107,3 +107,17 @@ def test_an_adopted_session_is_followed_at_once_past_the_limit():
     with slots.take(), slots.take(force=True) as adopted:
         assert adopted.held and slots.running == 2
     assert slots.running == 0
+
+
+def test_a_session_may_wait_for_its_slot_as_long_as_it_takes():
+    """back(None): no time limit. (A review found the executor's back(float("inf")) raised
+    OverflowError from Condition.wait_for, which lost the session.)"""
+    slots = Slots(1, waiting=1)
+    entered, leave = threading.Event(), threading.Event()
+    with slots.take() as a:
+        assert a.aside()
+        t = _taker(slots, entered, leave)
+        assert entered.wait(5)
+        threading.Timer(0.2, leave.set).start()
+        assert a.back(None) and a.held
+    t.join(5)

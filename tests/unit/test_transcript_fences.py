@@ -259,3 +259,24 @@ def test_the_reader_and_markdown_it_agree_on_headings_and_fences(document):
         return
     h2 = [b[2] for b in _oracle(document) if b[0] == "heading" and b[1] == 2]
     assert list(sections) == list(dict.fromkeys(h2))
+
+
+def test_a_note_naming_a_session_path_with_a_fence_stays_one_line_of_prose():
+    """The transform's notes on single events name the session's own paths, which the prose
+    carries. A review found a file named with a line break and three backticks, written and
+    then deleted, opened a fence in the prose that swallowed the Run identity section: intake
+    refused the whole arm. Notes are now written as one line, with such characters escaped."""
+    from decimal import Decimal
+
+    from runner.transform.events import SessionOutcome
+    from runner.transform.run import notes_prose
+
+    note = "notes/x.md\n```\n was written but no file was there when the session ended"
+    outcome = SessionOutcome("p1", "present-001", bash_event("ls"), [], Decimal(0), [], [], [note])
+    prose = notes_prose([outcome])
+    assert prose == ["Notes on single events. p1 present-001: notes/x.md\\x0a\\x60\\x60\\x60\\x0a was written but no "
+                     "file was there when the session ended."]
+    fenced, plain = verdicts(render(identity(), [bash_event("ls")], prose))
+    assert fenced.refusal is None and plain.refusal is None, (fenced.refusal, plain.refusal)
+    raw, _ = verdicts(render(identity(), [bash_event("ls")], [f"Notes on single events. p1 present-001: {note}."]))
+    assert raw.refusal is not None  # what the unescaped note did
