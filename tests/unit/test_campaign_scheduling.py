@@ -1,0 +1,85 @@
+"""The campaign's scheduling of slots and money together (runner/campaign.py run_sessions):
+a session waiting for its pod steps its slot aside, and a session waiting for budget must not
+hold a slot meanwhile. A review reproduced the deadlock the first order made: session A holds
+$7 of a $10 budget and steps aside; B takes the freed slot and waits in the budget's gate for
+A's money; A's pod runs, but its slot never comes back. The executor here is a test double of
+the executors' contract (runner/executors/base.py) that steps aside as the Kubernetes executor
+does; the sessions' streams are the real CLI's (tests/data)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from decimal import Decimal
+from pathlib import Path
+
+from runner import demo
+from runner.campaign import run_sessions
+from runner.ledger import Ledger, now
+from runner.plan import parse_plan
+from runner.settings import BudgetSettings
+from runner.store.file import FileStore
+
+STREAM = (Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl").read_bytes()  # $0.003
+
+
+class AsideExecutor:
+    """The first session's 'pod' waits to start: its slot steps aside until another session
+    has asked to start, then it takes the slot back and runs."""
+
+    name = "test-double"
+    confinement = "a test double of the executors' contract"
+    waiting_room = 1
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+        self.asked = threading.Event()  # a second session reached run(), or waits for money
+        self.lock = threading.Lock()
+
+    def preflight(self) -> None: ...
+
+    def prepare(self, plan, final):
+        return set()
+
+    def halted(self):
+        return None
+
+    def finish(self, keys) -> None: ...
+
+    def close(self) -> None: ...
+
+    def run(self, plan, probe, sealed, scratch, store, keys, also_collect, started, slot):
+        with self.lock:
+            first = self.first is None
+            self.first = self.first or keys.session
+        if first:
+            assert slot.aside()
+            self.asked.wait(1.0)  # the other session has had its chance to take the slot
+            assert slot.back(20), "the slot never came back"
+        started()
+        store.put(keys.stream, STREAM)
+        return {"executor": self.name, "confinement": self.confinement, "network_confined": False,
+                "harness": {}, "started_at": now(), "ended_at": now(), "exit_code": 0, "timed_out": False,
+                "stream": store.describe(keys.stream), "workspace": "/workspace", "config_dir": "/config",
+                "host_skills": [], "artifacts": None}
+
+
+def test_a_session_waiting_for_money_holds_no_slot_a_stepped_aside_one_needs(tmp_path):
+    data = json.loads(demo.PLAN.read_text())
+    data.update(probes=data["probes"][:1], arms=["present"], repetitions=2)
+    plan = parse_plan(data, "plan")
+    store = FileStore(tmp_path / "store")
+    executor = AsideExecutor()
+    budget = BudgetSettings(campaign_usd=Decimal("10"), session_usd=Decimal("5"), call_usd=Decimal("2"))  # $7 each
+    done: list[object] = []
+    t = threading.Thread(target=lambda: done.append(run_sessions(
+        plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open("/dev/null", "w"),
+        budget=budget)), daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "deadlock: the second session held the slot the first needed back"
+    states = Ledger(store, plan.campaign).sessions()
+    assert sorted(s.status for s in states.values()) == ["succeeded", "succeeded"], states
+    # One after the other: the second's reservation fitted only once the first settled at $0.003.
+    starts = [e for e in Ledger(store, plan.campaign).entries if e["type"] in ("start", "outcome")]
+    assert [e["type"] for e in starts] == ["start", "outcome", "start", "outcome"]
