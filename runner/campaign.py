@@ -17,12 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from runner import digest, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import Executor, Slot, Slots
 from runner.ledger import Ledger
+from runner.live import LiveProgress
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
 from runner.settings import BudgetSettings
@@ -187,23 +189,51 @@ def named_write_paths(parsed: stream.ParsedStream, workspace: str) -> set[str]:
 
 @dataclass
 class Progress:
+    """What a run shows as it goes: on a terminal the live board (runner/live.py), otherwise one
+    line per session that ends and per note (a pause, a stop)."""
+
     total: int
-    out: object = sys.stderr
+    out: Any = sys.stderr
     done: int = 0
     cost: Decimal = Decimal(0)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    live: LiveProgress | None = None
+
+    @classmethod
+    def for_run(cls, plan: Plan, todo: list[tuple[SessionSpec, int, bool]], out: Any) -> Progress:
+        progress = cls(total=len(todo), out=out)
+        if todo and getattr(out, "isatty", lambda: False)():
+            arms: dict[str, int] = {}
+            for spec, _, _ in todo:
+                arms[spec.arm] = arms.get(spec.arm, 0) + 1
+            progress.live = LiveProgress(plan.campaign, arms, out)
+        return progress
+
+    def start(self, spec: SessionSpec) -> None:
+        if self.live is not None:
+            self.live.start(spec.arm, spec.key)
 
     def session(self, spec: SessionSpec, status: str, cost: Decimal | None) -> None:
         with self.lock:
             self.done += 1
             if cost is not None:
                 self.cost += cost
+            if self.live is not None:
+                self.live.end(spec.arm, spec.key, status, cost)
+                return
             print(f"[{self.done}/{self.total}] {spec.probe} {spec.name}: {status}  (cost so far ${self.cost:.4f})",
                   file=self.out, flush=True)
 
     def note(self, text: str) -> None:
         with self.lock:
+            if self.live is not None:
+                self.live.note(text)
+                return
             print(text, file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.close()
 
 
 @dataclass
@@ -249,7 +279,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             report.interrupted.append(spec.key)
         else:
             report.skipped[spec.key] = status
-    progress = Progress(total=len(todo), out=progress_out)
+    progress = Progress.for_run(plan, todo, progress_out)
 
     slots = Slots(concurrency, executor.waiting_room)
     reservation = budget.reservation() if budget is not None else None
@@ -285,6 +315,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 progress.session(spec, f"not started ({e})", None)
                 return
         signals = Signals()
+        progress.start(spec)
         status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
                                produced, adopt, signals, slot, gate.money() if gate is not None else None)
         report.ran.append(spec.key)
@@ -304,9 +335,12 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         for _, _, adopt in todo:
             if adopt:
                 gate.adopt()
-    with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
-        for f in [pool.submit(one, item) for item in todo]:
-            f.result()
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
+            for f in [pool.submit(one, item) for item in todo]:
+                f.result()
+    finally:
+        progress.close()
     report.halted = backoff.halted if backoff is not None else None
     if report.unconfined is None:
         report.unconfined = executor.halted()
