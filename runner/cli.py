@@ -228,6 +228,35 @@ def status_line(st: dict, width: int = 24) -> str:
             f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}")
 
 
+def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
+    """status --watch on a terminal: the live board (runner/live.py) until every session is
+    final; the pace is measured from when the watch began."""
+    from datetime import datetime
+
+    from rich.console import Console
+    from rich.live import Live
+
+    from runner.live import Board, board_view
+
+    def board(st: dict) -> Board:
+        running = {k: datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() if at else began
+                   for k, at in st["running"].items()}
+        notes = [f"budget left {dollars(st['budget']['left_usd'])}"] if st["budget"]["left_usd"] is not None else []
+        notes += [f"{len(st['waiting'])} waiting for a pod"] if st.get("waiting") else []
+        notes += [f"{len(st['refusals'])} refused so far"] if st["refusals"] else []
+        return Board(st["campaign"], st["total"], st["arms"], running, Decimal(st["cost_usd"]), began,
+                     st["final"] - final_at_start, notes)
+
+    began, final_at_start = time.time(), st["final"]
+    current = [board(st)]  # redrawn twice a second, so elapsed times move between reads
+    with Live(get_renderable=lambda: board_view(current[0], time.time()), console=Console(), refresh_per_second=2):
+        while st["final"] != st["total"]:
+            time.sleep(interval)
+            st = read()
+            current[0] = board(st)
+    return st
+
+
 def waiting_lines(waiting: dict[str, dict[str, str]]) -> list[str]:
     """Sessions that wait for their pod, one line per reason, most sessions first."""
     by_reason: dict[str, list[str]] = {}
@@ -253,21 +282,19 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     costs: dict = {}
     budget = settings.budget.campaign_usd
     st = campaign_status(store, plan, costs, budget)
-    if watch:
-        tty, last = sys.stdout.isatty(), None
+    if watch and sys.stdout.isatty():
+        st = watch_live(st, lambda: campaign_status(store, plan, costs, budget), interval)
+    elif watch:
+        last = None
         while True:
             line = status_line(st)
-            if tty:
-                click.echo(f"\r{line}\033[K", nl=False)
-            elif line != last:
+            if line != last:
                 click.echo(line)
             last = line
             if st["final"] == st["total"]:
                 break
             time.sleep(interval)
             st = campaign_status(store, plan, costs, budget)
-        if tty:
-            click.echo()
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return 0

@@ -25,6 +25,15 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     never changes."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
+    arms: dict[str, dict[str, int]] = {arm.value: {"done": 0, "running": 0, "waiting": 0} for arm in plan.arms}
+    running: dict[str, str] = {}
+    for spec in plan.sessions():
+        st = states.get(spec.key)
+        status = st.status if st else "pending"
+        arms[spec.arm]["done" if status in FINAL else "running" if status == "started" else "waiting"] += 1
+        if st is not None and status == "started":
+            start = ledger.entry("start", spec.key, st.attempt)
+            running[spec.key] = start["at"] if start else ""
     b = books(ledger)
     limit = budget if budget is not None else b.budget
     left = b.left(limit)
@@ -46,7 +55,8 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
                     for s in states.values() if s.status == "refused"]
     total = sum(counts.values())
     return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
-            "sessions": counts, "cost_usd": str(cost), "budget": money, "refusals": refusals,
+            "sessions": counts, "arms": arms, "running": running, "cost_usd": str(cost), "budget": money,
+            "refusals": refusals,
             "waiting": _waiting(store, plan, states)}
 
 

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import pty
+import re
 import secrets
 import subprocess
 import sys
@@ -268,13 +269,14 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     watched = _cli(user, "status", campaign, "--watch", "--interval", "0.1")
     assert watched.returncode == 0 and watched.stdout.startswith("[########################] 4/4 final, 0 running")
     assert "\r" not in watched.stdout  # not a terminal: plain lines
-    master, slave = pty.openpty()  # on a terminal: one line redrawn in place
-    on_tty = subprocess.run([sys.executable, "-m", "runner", "status", campaign, "--watch"], env=user, stdout=slave,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
+    master, slave = pty.openpty()  # on a terminal: the live board (runner/live.py), drawn in place
+    on_tty = subprocess.run([sys.executable, "-m", "runner", "status", campaign, "--watch"], env={**user, "COLUMNS": "100"},
+                            stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
     os.close(slave)
     drawn = os.read(master, 1 << 16).decode()
     os.close(master)
-    assert on_tty.returncode == 0 and drawn.startswith("\r[########################] 4/4 final") and "\x1b[K" in drawn
+    flat = " ".join(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).split())
+    assert on_tty.returncode == 0 and f"campaign {campaign}: 4/4 done" in flat and "every session has ended" in flat, flat
 
     probe = plan["probes"][0]["id"]
     logs = subprocess.run([sys.executable, "-m", "runner", "logs", campaign, probe, "present-001"], env=user,

@@ -15,21 +15,10 @@ from runner.demo import CORPUS, PLAN, SCENARIOS
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def _run_on(tmp_path, scripted_provider, claude_command, tty: bool) -> tuple[int, str]:
-    provider = scripted_provider(json.loads(SCENARIOS.read_text()), api_key="k")
-    plan = json.loads(PLAN.read_text())
-    plan.update(probes=plan["probes"][:1], arms=["present"], repetitions=2)
-    (tmp_path / "plan.json").write_text(json.dumps(plan))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")},
-           "RUNNER_STORE": (tmp_path / f"store-{tty}").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
-           "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k",
-           "RUNNER_PROVIDER__BASE_URL": provider.base_url, "COLUMNS": "100", "TERM": "xterm"}
-    argv = [sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus", str(CORPUS)]
-    if not tty:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-        return done.returncode, done.stderr
+def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run argv with its stdout and stderr on a pty; what it drew, without the escapes."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, env=env, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
     os.close(slave)
     drawn = b""
     while True:
@@ -44,6 +33,24 @@ def _run_on(tmp_path, scripted_provider, claude_command, tty: bool) -> tuple[int
     return proc.wait(timeout=300), ANSI.sub("", drawn.decode(errors="replace"))
 
 
+def _run_on(tmp_path, scripted_provider, claude_command, tty: bool) -> tuple[int, str]:
+    provider = scripted_provider(json.loads(SCENARIOS.read_text()), api_key="k")
+    plan = json.loads(PLAN.read_text())
+    plan.update(probes=plan["probes"][:1], arms=["present"], repetitions=2)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")},
+           "RUNNER_STORE": (tmp_path / f"store-{tty}").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
+           "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k",
+           "RUNNER_PROVIDER__BASE_URL": provider.base_url, "COLUMNS": "100", "TERM": "xterm"}
+    argv = [sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus", str(CORPUS)]
+    if not tty:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        return done.returncode, done.stderr
+    code, drawn = _on_a_terminal(argv, env)
+    watched = _on_a_terminal([sys.executable, "-m", "runner", "status", "demo", "--watch"], env)
+    return code, drawn + "\n--- status --watch ---\n" + watched[1]
+
+
 def test_on_a_terminal_run_draws_the_board(tmp_path, scripted_provider, claude_command):
     code, drawn = _run_on(tmp_path, scripted_provider, claude_command, tty=True)
     assert code == 0, drawn
@@ -51,6 +58,8 @@ def test_on_a_terminal_run_draws_the_board(tmp_path, scripted_provider, claude_c
     assert "campaign demo: 2/2 done" in flat and "│ present │ 2 │ 0 │ 0 │" in flat, flat[-2000:]
     assert "every session has ended" in flat and "cost so far $0.0288" in flat, flat[-2000:]
     assert "[1/2]" not in drawn  # not the plain lines
+    watched = " ".join(drawn.split("--- status --watch ---")[1].split())  # status --watch draws the same board
+    assert "campaign demo: 2/2 done" in watched and "every session has ended" in watched, watched
 
 
 def test_off_a_terminal_run_prints_a_line_per_session(tmp_path, scripted_provider, claude_command):
