@@ -228,6 +228,24 @@ def status_line(st: dict, width: int = 24) -> str:
             f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}")
 
 
+def watch_campaign(read: Callable[[], dict], interval: float) -> dict:
+    """Follow a campaign (``read``: its status now) until every session is final: the live
+    board on a terminal, one plain line per change otherwise. Returns the last status."""
+    st = read()
+    if sys.stdout.isatty():
+        return watch_live(st, read, interval)
+    last = None
+    while True:
+        line = status_line(st)
+        if line != last:
+            click.echo(line)
+        last = line
+        if st["final"] == st["total"]:
+            return st
+        time.sleep(interval)
+        st = read()
+
+
 def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
     """status --watch on a terminal: the live board (runner/live.py) until every session is
     final; the pace is measured from when the watch began."""
@@ -281,20 +299,8 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     store, plan = stored_campaign(settings, campaign)
     costs: dict = {}
     budget = settings.budget.campaign_usd
-    st = campaign_status(store, plan, costs, budget)
-    if watch and sys.stdout.isatty():
-        st = watch_live(st, lambda: campaign_status(store, plan, costs, budget), interval)
-    elif watch:
-        last = None
-        while True:
-            line = status_line(st)
-            if line != last:
-                click.echo(line)
-            last = line
-            if st["final"] == st["total"]:
-                break
-            time.sleep(interval)
-            st = campaign_status(store, plan, costs, budget)
+    st = watch_campaign(lambda: campaign_status(store, plan, costs, budget), interval) if watch else \
+        campaign_status(store, plan, costs, budget)
     if as_json:
         click.echo(json.dumps(st, indent=2))
         return 0
@@ -368,8 +374,11 @@ def install_settings(kube: Any, settings: Settings) -> Settings:
 @cli.command(short_help="upload a plan and its corpus to the bucket and start the campaign in the cluster")
 @plan_argument
 @corpus_option()
+@click.option("--watch", is_flag=True, help="then follow the campaign until every session is final, as status --watch")
+@click.option("--interval", type=float, default=10.0, metavar="SECONDS",
+              help="seconds between two reads of the ledger with --watch (default: 10)")
 @with_settings(budget=True)
-def submit(settings: Settings, plan: Path, corpus: Path) -> int:
+def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: float) -> int:
     """Store PLAN and the corpus under the campaign in the install's bucket (create-only: a
     campaign name is bound to one plan and corpus for good), then create the campaign's
     controller Job in $RUNNER_KUBE__NAMESPACE, which runs every session as a pod and then the
@@ -404,7 +413,13 @@ def submit(settings: Settings, plan: Path, corpus: Path) -> int:
     click.echo(f"corpus: {store.uri}/{layout.corpus_key(parsed.campaign)} ({corpus_digest})")
     click.echo(f"controller job: {settings.kube.namespace}/{manifest['metadata']['name']} "
                f"({'created' if created else 'exists already: submitted before'})")
-    click.echo(f"watch it: probe-runner status {parsed.campaign} --watch")
+    if not watch:
+        click.echo(f"watch it: probe-runner status {parsed.campaign} --watch")
+        return 0
+    from runner.status import campaign_status
+
+    costs: dict = {}
+    watch_campaign(lambda: campaign_status(store, parsed, costs, settings.budget.campaign_usd), interval)
     return 0
 
 

@@ -269,6 +269,10 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     watched = _cli(user, "status", campaign, "--watch", "--interval", "0.1")
     assert watched.returncode == 0 and watched.stdout.startswith("[########################] 4/4 final, 0 running")
     assert "\r" not in watched.stdout  # not a terminal: plain lines
+    # submit --watch: the submission (the Job exists already), then the same watch.
+    resubmitted = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--watch", "--interval", "0.1")
+    assert resubmitted.returncode == 0 and "exists already: submitted before" in resubmitted.stdout, resubmitted.stderr
+    assert resubmitted.stdout.splitlines()[-1].startswith("[########################] 4/4 final, 0 running")
     master, slave = pty.openpty()  # on a terminal: the live board (runner/live.py), drawn in place
     on_tty = subprocess.run([sys.executable, "-m", "runner", "status", campaign, "--watch"], env={**user, "COLUMNS": "100"},
                             stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
