@@ -285,6 +285,13 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     reservation = budget.reservation() if budget is not None else None
     gate = Gate(ledger, budget.campaign_usd, reservation) if budget and budget.campaign_usd and reservation else None
 
+    def not_started(spec: SessionSpec, attempt: int, why: str) -> None:
+        """The session does not start in this run. A pod an earlier run created for its
+        attempt before it was started (intended, not started) goes now, not at its deadline."""
+        if (spec.probe, spec.name, attempt) in live:
+            executor.finish(layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt))
+        progress.session(spec, f"not started ({why})", None)
+
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
         if gate is not None and not adopt:
@@ -293,7 +300,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
                 report.over_budget.append(spec.key)
                 report.budget_why = str(e)
-                progress.session(spec, "not started (over budget)", None)
+                not_started(spec, attempt, "over budget")
                 return
         try:
             with slots.take(force=adopt) as slot:  # a session whose harness already runs is followed at once
@@ -306,13 +313,13 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         why = executor.halted()
         if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
             report.unconfined = why
-            progress.session(spec, f"not started ({why})", None)
+            not_started(spec, attempt, why)
             return
         if backoff is not None and not adopt:
             try:
                 backoff.wait()
             except Halted as e:  # nothing is journaled: the next run starts it
-                progress.session(spec, f"not started ({e})", None)
+                not_started(spec, attempt, str(e))
                 return
         signals = Signals()
         progress.start(spec)

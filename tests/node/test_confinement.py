@@ -93,7 +93,7 @@ def _monitor(install, tmp_path, campaign: str) -> tuple[KubernetesExecutor, Conf
     settings = _settings(install, tmp_path)
     executor = KubernetesExecutor(settings, Kube(settings.kube))
     executor.preflight()
-    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.proxy_url, executor._foreign)
+    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.proxy_url, executor.foreign_policies)
 
 
 def test_a_session_pod_reaches_the_provider_through_the_proxy_and_nothing_else(install, targets, provider, tmp_path):
@@ -163,7 +163,7 @@ def test_a_foreign_policy_selecting_session_pods_is_refused_and_measured(install
             executor.preflight()
         # What the policy really opens, measured: kube-router applies it within seconds.
         monitor = ConfinementMonitor(settings, executor.kube, "foreign", "http://%s:%s" % _proxy(node, install),
-                                     executor._foreign)
+                                     executor.foreign_policies)
         deadline = time.monotonic() + 60
         while True:
             check = monitor.check()
