@@ -25,11 +25,13 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     never changes."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
+    counts: dict[str, int] = {}
     arms: dict[str, dict[str, int]] = {arm.value: {"done": 0, "running": 0, "waiting": 0} for arm in plan.arms}
     running: dict[str, str] = {}
     for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
+        counts[status] = counts.get(status, 0) + 1
         arms[spec.arm]["done" if status in FINAL else "running" if status == "started" else "waiting"] += 1
         if st is not None and status == "started":
             start = ledger.entry("start", spec.key, st.attempt)
@@ -39,10 +41,6 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     left = b.left(limit)
     money = {"campaign_usd": None if limit is None else str(limit), "spent_usd": str(b.spent),
              "reserved_usd": str(b.reserved), "left_usd": None if left is None else str(left)}
-    counts: dict[str, int] = {}
-    for spec in plan.sessions():
-        st = states.get(spec.key)
-        counts[st.status if st else "pending"] = counts.get(st.status if st else "pending", 0) + 1
     for st in states.values():
         key = (st.detail.get("stream") or {}).get("key") if st.outcome else None
         if key and key not in costs:
@@ -56,8 +54,7 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     total = sum(counts.values())
     return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
             "sessions": counts, "arms": arms, "running": running, "cost_usd": str(cost), "budget": money,
-            "refusals": refusals,
-            "waiting": _waiting(store, plan, states)}
+            "refusals": refusals, "waiting": _waiting(store, plan, states)}
 
 
 def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, dict[str, str]]:
