@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-from runner.gateway.tokens import LIMIT_SPENT
+from runner.gateway.tokens import limit_spent
 
 _THROTTLE_STATUSES = {429, 529}
 _THROTTLE_ERRORS = {"rate_limit", "overloaded"}
@@ -80,7 +80,7 @@ def _note(raw: bytes, s: Signals) -> None:
         status = line.get("api_error_status")
         if status in _THROTTLE_STATUSES:
             s.rejected = True
-        elif status in _REFUSED_STATUSES and LIMIT_SPENT not in str(line.get("result")):
+        elif status in _REFUSED_STATUSES and not limit_spent(line):
             s.refused = status  # (the gateway's 403 for a spent session limit is that session's own end)
 
 

@@ -15,12 +15,19 @@ import json
 import secrets
 from dataclasses import asdict, dataclass
 from decimal import Decimal
+from typing import Any
 
 PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issues
 # The gateway's refusal of a session whose limit is spent: the transform reads it in the
 # stream's result line (the CLI reports the API's error message there) as the session's own
 # limit ending it.
 LIMIT_SPENT = "the session's spend limit is reached at the gateway"
+
+
+def limit_spent(result: dict[str, Any]) -> bool:
+    """Whether a stream's result line is the CLI reporting the gateway's refusal of a spent
+    limit: that session's own end, not a refused key nor a harness error."""
+    return bool(result.get("is_error")) and LIMIT_SPENT in str(result.get("result"))
 
 
 class TokenError(Exception):

@@ -20,7 +20,7 @@ from typing import Any
 
 from runner import digest
 from runner.answer import answer_of
-from runner.gateway.tokens import LIMIT_SPENT
+from runner.gateway.tokens import limit_spent
 from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse
 from runner.transform.initcheck import InitContext, refusals
 
@@ -451,7 +451,7 @@ def _over_budget(parsed: ParsedStream) -> bool:
     result = parsed.result or {}
     if result.get("subtype") == "error_max_budget_usd":
         return True
-    return bool(result.get("is_error")) and LIMIT_SPENT in str(result.get("result"))
+    return limit_spent(result)
 
 
 def _harness_error(parsed: ParsedStream) -> str | None:
