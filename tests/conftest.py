@@ -1,9 +1,8 @@
 """Fixtures every test tier shares, and ``tests/`` on the import path for the test-only
-modules every tier may use (``fuzz_targets``, ``faults``): they are not part of the product."""
+modules every tier may use (``fuzz_targets``, ``faults``, ``local_run``, ``ports``): they are not part of the product."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -11,12 +10,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ports import free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ CLI, bwrap and the scripted provider, and each fails once with its own message a
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from ports import free_port  # released at once: nothing listens there
 
 KEY = "sk-ant-doctor"
 
@@ -35,12 +35,6 @@ def test_every_check_holds_here(env):
     assert "a token count, HTTP 200; nothing spent" in lines[3]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _old_cli(tmp_path) -> str:
     fake = tmp_path / "claude-old"
     fake.write_text("#!/bin/sh\necho '2.0.1 (Claude Code)'\n")
@@ -61,7 +55,7 @@ def test_each_check_fails_with_what_to_do(env, tmp_path, case, change, says):
     if change == "old":
         change = {"RUNNER_HARNESS__COMMAND": _old_cli(tmp_path)}
     elif change == "closed":
-        change = {"RUNNER_PROVIDER__BASE_URL": f"http://127.0.0.1:{_closed_port()}"}
+        change = {"RUNNER_PROVIDER__BASE_URL": f"http://127.0.0.1:{free_port()}"}
     env = {k: v for k, v in {**env, **change}.items() if v is not None}
     done = doctor(env)
     assert done.returncode == 1, done.stdout + done.stderr

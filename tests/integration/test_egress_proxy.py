@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from runner.k8s.egress import squid_conf, squid_entrypoint
 
@@ -72,12 +73,6 @@ def _openssl_cert(dir: Path, cn: str) -> tuple[Path, Path]:
     return cert, key
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory) -> Upstream:
     up = Upstream(*_openssl_cert(tmp_path_factory.mktemp("upstream"), PROVIDER))
@@ -93,7 +88,7 @@ def proxy(upstream):
         pytest.fail("squid built with OpenSSL is needed (Debian: apt-get install squid-openssl; .ci/setup does it)",
                     pytrace=False)
     root = Path(tempfile.mkdtemp(prefix="egress-proxy-"))  # under /tmp, so nobody can traverse to it
-    port = _free_port()
+    port = free_port()
     state = root / "state"
     conf = root / "squid.conf"
     (root / "hosts").write_text(f"127.0.0.1 {PROVIDER}\n")

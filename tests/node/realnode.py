@@ -29,7 +29,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ports import free_port  # tests/ is on the path (tests/conftest.py, bench/realnode.py)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -302,12 +303,6 @@ def _wait(what: str, ok: Any, timeout: float, node: RealNode, interval: float = 
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}\n{node.all_logs()}")
         time.sleep(interval)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 
