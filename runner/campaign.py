@@ -13,6 +13,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -203,10 +204,7 @@ class Progress:
     def for_run(cls, plan: Plan, todo: list[tuple[SessionSpec, int, bool]], out: Any) -> Progress:
         progress = cls(total=len(todo), out=out)
         if todo and getattr(out, "isatty", lambda: False)():
-            arms: dict[str, int] = {}
-            for spec, _, _ in todo:
-                arms[spec.arm] = arms.get(spec.arm, 0) + 1
-            progress.live = LiveProgress(plan.campaign, arms, out)
+            progress.live = LiveProgress(plan.campaign, dict(Counter(spec.arm for spec, _, _ in todo)), out)
         return progress
 
     def start(self, spec: SessionSpec) -> None:

@@ -72,16 +72,8 @@ def test_a_session_coming_back_is_served_before_a_new_one():
     order: list[str] = []
     with slots.take() as a:
         assert a.aside()
-        running = threading.Event()
-        release = threading.Event()
-
-        def first() -> None:
-            with slots.take():
-                running.set()
-                release.wait(10)
-
-        t1 = threading.Thread(target=first, daemon=True)
-        t1.start()
+        running, release = threading.Event(), threading.Event()
+        t1 = _taker(slots, running, release)
         assert running.wait(5)
         back = threading.Thread(target=lambda: (a.back(10), order.append("back")), daemon=True)
         back.start()
