@@ -9,9 +9,12 @@ helm="${HELM:-${PROBE_RUNNER_CACHE:-$HOME/.cache/probe-runner}/tools/helm-4.1.4/
 cat <<'HEAD'
 # probe-runner, plain manifests: GENERATED from helm/probe-runner by k8s/generate.sh with the
 # chart's default values (release probe-runner, namespace probe-runner). Do not edit; change the
-# chart and regenerate. Before applying, create the provider credentials Secret and set the
-# bucket in ConfigMap probe-runner-settings (RUNNER_STORE, RUNNER_S3__*), or render the chart
-# yourself with your values: helm template probe-runner helm/probe-runner -n probe-runner -f mine.yaml
+# chart and regenerate. Before applying, create the provider credentials Secret "provider" (key api-key)
+# and set the bucket in ConfigMap probe-runner-settings (RUNNER_STORE, RUNNER_S3__*), and create
+# the gateway's token key (Helm makes it; a plain manifest cannot hold a random value):
+#   kubectl -n probe-runner create secret generic probe-runner-gateway \
+#     --from-literal=token-secret="$(openssl rand -hex 32)"
+# or render the chart yourself with your values: helm template probe-runner helm/probe-runner -n probe-runner -f mine.yaml
 ---
 apiVersion: v1
 kind: Namespace
@@ -22,4 +25,5 @@ metadata:
     pod-security.kubernetes.io/enforce: restricted
     pod-security.kubernetes.io/enforce-version: latest
 HEAD
-"$helm" template probe-runner "$here/../helm/probe-runner" --namespace probe-runner --skip-tests
+"$helm" template probe-runner "$here/../helm/probe-runner" --namespace probe-runner --skip-tests \
+  --set gateway.existingSecret=probe-runner-gateway --set provider.credentialsSecret=provider

@@ -141,6 +141,19 @@ def controller(settings: Settings, campaign: str) -> int:
     return run_sessions(settings, plan, corpus, "kubernetes")
 
 
+@cli.command(short_help="in-cluster entry point: the provider gateway, the one holder of the provider key")
+@with_settings()
+def gateway(settings: Settings) -> int:
+    """Serve the provider gateway of this install (the chart's gateway Deployment runs it): check
+    each session's token against its running pod, forward the Messages API calls to
+    provider.base_url with provider.api_key, meter them into each attempt's Lease. Runs until
+    SIGTERM, then lets open calls finish for gateway.drain_seconds."""
+    from runner.gateway.cluster import serve
+
+    serve(settings)
+    return 0
+
+
 @cli.command(short_help="run the bundled example campaign against a scripted local provider")
 @with_settings()
 def demo(settings: Settings) -> int:
@@ -320,7 +333,7 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
 
 @cli.command(short_help="check that this host (and with --cluster, the install) can run a campaign")
 @click.option("--cluster", is_flag=True, help="also check the install in $RUNNER_KUBE__NAMESPACE: the chart's settings, a "
-                                              "ready egress proxy, one confinement check by a canary pod")
+                                              "ready provider gateway (or egress proxy), one confinement check by a canary pod")
 @with_settings()
 def doctor(settings: Settings, cluster: bool) -> int:
     """Check, one line each, what a campaign needs: bubblewrap confines the harness, the

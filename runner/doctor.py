@@ -115,8 +115,8 @@ def _provider(settings: Settings) -> str:
 
 
 def cluster_checks(settings: Settings) -> list[Check]:
-    """The install this host's kubeconfig reaches: the chart's settings, a ready egress proxy,
-    and one confinement check by a canary pod (where kube.canary_enabled)."""
+    """The install this host's kubeconfig reaches: the chart's settings, a ready provider gateway
+    (or egress proxy, where the gateway is off), and one confinement check by a canary pod (where kube.canary_enabled)."""
     from runner.k8s.api import Kube
 
     kube = Kube(settings.kube)
@@ -130,16 +130,19 @@ def cluster_checks(settings: Settings) -> list[Check]:
         found["install"] = jobs.install_settings(kube.config_map_data(name), settings, f"ConfigMap {k.namespace}/{name}")
         return f"the chart is installed as {k.instance} in {k.namespace} (ConfigMap {name})"
 
-    def proxy() -> str:
-        from runner.k8s import names
+    def route() -> str:
+        from runner.k8s import names, policy
 
-        pods, _ = kube.list_pods(names.selector_string(names.selector(k.instance, names.PROXY_COMPONENT)))
+        install = found.get("install", settings)
+        component, _, _ = policy.route(install)
+        what = "provider gateway" if component == names.GATEWAY_COMPONENT else "egress proxy"
+        pods, _ = kube.list_pods(names.selector_string(names.selector(k.instance, component)))
         ready = [p["metadata"]["name"] for p in pods if any(
             c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])]
         if not ready:
-            raise UserError(f"no egress proxy pod of {k.instance} is ready in {k.namespace} ({len(pods)} found): "
-                            f"kubectl -n {k.namespace} describe deployment {k.instance}-egress-proxy")
-        return f"{len(ready)} egress proxy pod(s) ready"
+            raise UserError(f"no {what} pod of {k.instance} is ready in {k.namespace} ({len(pods)} found): "
+                            f"kubectl -n {k.namespace} describe deployment {k.instance}-{component}")
+        return f"{len(ready)} {what} pod(s) ready"
 
     def confinement() -> str:
         install = found.get("install")
@@ -152,10 +155,11 @@ def cluster_checks(settings: Settings) -> list[Check]:
 
         executor = KubernetesExecutor(install, kube)
         executor.preflight()
-        assert executor.proxy_url is not None
-        check = ConfinementMonitor(install, kube, "doctor", executor.proxy_url, executor.foreign_policies).check()
+        assert executor.route is not None
+        check = ConfinementMonitor(install, kube, "doctor", executor.route, executor.foreign_policies).check()
         if not check.passed:
             raise UserError(f"the confinement check failed: {check.problem}")
-        return f"a canary found every route closed but the provider through the proxy ({len(check.results)} routes)"
+        opened = next(r.name for r in check.results if r.must_open)
+        return f"a canary found every route closed but {opened} ({len(check.results)} routes)"
 
-    return [_run("chart", chart), _run("proxy", proxy), _run("cluster confinement", confinement)]
+    return [_run("chart", chart), _run("route", route), _run("cluster confinement", confinement)]

@@ -32,7 +32,7 @@ def _pod_facts() -> dict[str, str]:
         pass
     api = f"{os.environ.get('KUBERNETES_SERVICE_HOST', '')}:{os.environ.get('KUBERNETES_SERVICE_PORT', '443')}"
     return {"dns": f"{dns}:53" if dns else "", "api": api if not api.startswith(":") else "",
-            "node": os.environ.get("HOST_IP", "")}
+            "node": os.environ.get("HOST_IP", ""), "gateway": os.environ.get("PROBE_GATEWAY", "")}
 
 
 def _split(target: str) -> tuple[str, int]:
@@ -78,6 +78,17 @@ def _dns(target: str) -> tuple[bool, str]:
             return True, "answered"
         except OSError as e:
             return _failed(e, "port unreachable")
+
+
+def _http(target: str) -> tuple[bool, str]:
+    """An HTTP answer to ``HEAD /`` (the gateway's reachability check; no token: nothing is forwarded)."""
+    try:
+        with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT) as s:
+            s.sendall(f"HEAD / HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode())
+            line = s.recv(4096).split(b"\r\n", 1)[0].decode(errors="replace")
+    except OSError as e:
+        return _failed(e, "refused")
+    return (True, f"answered {line}") if line.startswith("HTTP/") else (False, f"no HTTP answer: {line!r}")
 
 
 def _proxy() -> tuple[str, int]:
@@ -154,6 +165,8 @@ def try_route(route: Route, facts: dict[str, str], ca_file: str | None) -> Resul
         opened, detail = _tcp(target)
     elif route.kind == "dns":
         opened, detail = _dns(target)
+    elif route.kind == "http":
+        opened, detail = _http(target)
     elif route.kind == "proxy-tls":
         opened, detail = _proxy_tls(target, route.server_name or target, ca_file)
     elif route.kind == "proxy-http":

@@ -44,6 +44,8 @@ from runner.entrypoints.pod import (
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import CaptureRecord, Live, Slot
 from runner.executors.capture import collect_workspace
+from runner.gateway import tokens
+from runner.gateway.cluster import SETTLE_SECONDS, meters_of, total
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, QuotaExceeded
 from runner.k8s.confinement import ConfinementMonitor
@@ -61,9 +63,15 @@ log = logging.getLogger(__name__)
 CONFINEMENT_PROSE = (
     "Each session ran in its own Kubernetes pod (kubernetes executor): non-root, read-only root "
     "filesystem, all capabilities dropped, seccomp RuntimeDefault, no service-account token; its "
-    "only network route was meant to be the egress proxy, which allows CONNECT to the provider host alone. "
+    "only network route was meant to be {route}. "
     "Its standard output was a Unix socket held by a reader in another container under another uid."
 )
+ROUTE_PROSE = {
+    True: "the provider gateway, which alone held the provider key and served the session's own token while its "
+          "pod ran (the session held no credential)",
+    False: "the egress proxy, which allows CONNECT to the provider host alone (the session read the provider "
+           "credentials)",
+}
 START_ATTEMPTS = 3
 _RECORD_WAIT_SECONDS = 60.0
 
@@ -76,7 +84,8 @@ class KubernetesExecutor:
     confinement: str = CONFINEMENT_PROSE
     harness_version: str | None = None
     cache: PodCache | None = None
-    proxy_url: str | None = None  # HTTPS_PROXY of session pods, by address (set by preflight)
+    route: manifests.Route | None = None  # the session pods' one route, by address, without a token (set by preflight)
+    token_secret: bytes | None = None  # what the gateway checks session tokens with (set by preflight)
     monitor: ConfinementMonitor | None = None  # the canary checks (started by prepare)
     waiting_room: int = 0  # kube.waiting_pods
     # Names of other NetworkPolicies that also select session pods (set by preflight).
@@ -88,12 +97,13 @@ class KubernetesExecutor:
         self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
         self.waiting = Waiting()
+        self.confinement = CONFINEMENT_PROSE.format(route=ROUTE_PROSE[self.settings.gateway.enabled])
 
     # ---- campaign hooks --------------------------------------------------------------------
 
     def preflight(self) -> None:
         """Refuse to start where session pods would not be confined as promised."""
-        from runner.k8s.policy import foreign_policies_selecting, own_policy_names, proxy_service_name, session_proxy_url
+        from runner.k8s.policy import foreign_policies_selecting, own_policy_names, route_service_name, session_route_url
 
         k = self.settings.kube
         probe_labels = names.session_labels(k.instance, "preflight", "preflight", "preflight", 1)
@@ -103,9 +113,16 @@ class KubernetesExecutor:
         if foreign:
             raise UserError(
                 f"namespace {k.namespace}: NetworkPolicy {', '.join(sorted(foreign))} also selects session pods; "
-                "allow rules add up, so a session could reach more than the egress proxy. Remove it or narrow its podSelector.")
-        service = proxy_service_name(self.settings)
-        self.proxy_url = session_proxy_url(self.settings, self.kube.service_address(service)[0] if service else None)
+                "allow rules add up, so a session could reach more than its one route. Remove it or narrow its podSelector.")
+        service = route_service_name(self.settings)
+        url = session_route_url(self.settings, self.kube.service_address(service)[0] if service else None)
+        if self.settings.gateway.enabled:
+            secret = self.settings.gateway.token_secret
+            self.token_secret = (secret.get_secret_value().encode() if secret is not None
+                                 else self.kube.secret_value(k.gateway_secret, "token-secret"))
+            self.route = manifests.Route(url)
+        else:
+            self.route = manifests.Route(self.settings.provider.base_url, proxy=url)
 
     def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
         """Start the watch; delete leftover pods of attempts that are already final; return the
@@ -125,8 +142,8 @@ class KubernetesExecutor:
             else:
                 live.add(key)
         if k.canary_enabled:
-            assert self.proxy_url is not None, "preflight() first"
-            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.proxy_url, self.foreign_policies)
+            assert self.route is not None, "preflight() first"
+            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.route, self.foreign_policies)
             self.monitor.start()
         return live
 
@@ -146,9 +163,9 @@ class KubernetesExecutor:
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
             also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
             slot: Slot) -> CaptureRecord:
-        assert self.cache is not None and self.proxy_url is not None, "preflight() and prepare() first"
+        assert self.cache is not None and self.route is not None, "preflight() and prepare() first"
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
-                                         self.proxy_url)
+                                         self._route_of(keys))
         name = manifest["metadata"]["name"]
         checks_before = self.monitor.count() if self.monitor is not None else 0
         self.waiting.bind(store, plan.campaign)
@@ -181,6 +198,7 @@ class KubernetesExecutor:
         stream = _upload_verified(spool, store, keys.stream, record)
         ended_at = now()
         artifacts = self._collect(name, scratch, sealed, store, keys, also_collect)
+        metered = self._meter(name) if self.token_secret is not None else None
         exit_code = term.get("exitCode")
         pod = self.cache.get(name) or {}
         return {
@@ -208,10 +226,35 @@ class KubernetesExecutor:
             "config_dir": manifests.CONFIG_DIR,
             "host_skills": [],
             **artifacts,
+            **({"gateway": metered} if metered is not None else {}),
         }
 
+    def _route_of(self, keys: SessionKeys) -> manifests.Route:
+        """The route of one attempt's pod: through the gateway, with a token of this attempt that
+        expires with the pod's deadline (the gateway serves it only while the pod runs, and
+        its harness has not ended)."""
+        assert self.route is not None
+        if self.token_secret is None:
+            return self.route
+        b = self.settings.budget
+        claims = tokens.Claims(keys.campaign, keys.probe, keys.session, keys.attempt,
+                               int(time.time()) + manifests.session_deadline(self.settings),
+                               None if b.session_usd is None else str(b.session_usd), str(b.call_usd))
+        return manifests.Route(self.route.base_url, token=tokens.mint(self.token_secret, claims))
+
+    def _meter(self, pod: str) -> dict:
+        """The gateways' meter of the attempt (its Lease, runner/gateway/cluster.py), once no call
+        of its ended harness is still in flight there; past SETTLE_SECONDS one still open counts
+        at budget.call_usd."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            meters = meters_of(self.kube.lease_annotations(pod) or {})
+            if all(int(m["in_flight"]) == 0 for m in meters) or time.monotonic() > deadline:
+                return total(meters)
+            time.sleep(0.5)
+
     def finish(self, keys: SessionKeys) -> None:
-        """The outcome is journaled: the pod may go."""
+        """The outcome is journaled: the pod may go (and with it the attempt's token and Lease)."""
         self._delete(manifests.pod_name(self.settings.kube.instance, keys.campaign, keys.probe, keys.session, keys.attempt))
 
     # ---- steps -------------------------------------------------------------------------------

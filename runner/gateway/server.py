@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -68,10 +69,16 @@ class Meter:
     unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
     refused: int = 0
     in_flight: int = 0  # calls forwarded and not yet answered whole
+    carried: Decimal = Decimal(0)  # what other gateway replicas metered of the attempt, in flight at most call_usd each
 
     def record(self) -> dict[str, Any]:
         return {"calls": self.calls, "usage": dict(self.usage), "cost_usd": str(self.usd),
                 "unpriced_models": sorted(self.unpriced), "refused": self.refused}
+
+    def state(self) -> dict[str, Any]:
+        """What this gateway metered, and the calls it has in flight: kept where another replica
+        (or this one, restarted) can read it."""
+        return {**self.record(), "in_flight": self.in_flight}
 
 
 class UsageReader:
@@ -131,33 +138,56 @@ def _error(status: int, kind: str, message: str) -> web.Response:
     return web.json_response({"type": "error", "error": {"type": kind, "message": message}}, status=status)
 
 
+Attempt = tuple[str, str, str, int]
+
+
 class Gateway:
-    """The server's state: who may call (``secret``, ``campaigns``, revoked attempts), where to
-    (``upstream``, ``key``), and what each attempt spent (``meters``)."""
+    """The server's state: who may call (``secret``, ``campaigns``, revoked attempts, and
+    ``ended``: where the attempt's end is known elsewhere, its session pod), where to
+    (``upstream``, ``key``, ``ca_file``: extra roots for the provider's TLS), and what each
+    attempt spent (``meters``). Where other gateways may have served the attempt too (replicas,
+    a restart), ``changed`` is told of every change of a meter, to keep it where they can read
+    it, ``persisted`` returns once the change that admitted a call is kept (so a gateway killed
+    mid-call has left it there, in flight, and nothing it forwarded goes unmetered), and
+    ``carried`` says what the others metered, read once, when an attempt is first seen here."""
 
     def __init__(self, upstream: str, key: str, secret: bytes, prices: Mapping[str, ModelPrice],
                  campaigns: Iterable[str] | None = None, connect_timeout: float = 30.0,
-                 read_timeout: float = 600.0) -> None:
+                 read_timeout: float = 600.0, ended: Callable[[Claims], str | None] | None = None,
+                 changed: Callable[[Claims, dict[str, Any]], None] | None = None,
+                 carried: Callable[[Claims], Decimal] | None = None,
+                 persisted: Callable[[Claims], None] | None = None, ca_file: str | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.key = key
         self.secret = secret
         self.prices = prices
         self.campaigns = set(campaigns) if campaigns is not None else None  # None: any campaign the secret signed
-        self.revoked: set[tuple[str, str, str, int]] = set()
-        self.meters: dict[tuple[str, str, str, int], Meter] = {}
+        self.revoked: set[Attempt] = set()
+        self.meters: dict[Attempt, Meter] = {}
+        self.ended = ended or (lambda claims: None)
+        self.changed = changed
+        self.carried = carried
+        self.persisted = persisted
+        self.ca_file = ca_file
         self._lock = threading.Lock()  # revocations come from the runner's threads
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self._client: aiohttp.ClientSession | None = None
 
     # -- what the runner calls ----------------------------------------------------------------
-    def revoke(self, attempt: tuple[str, str, str, int]) -> None:
+    def revoke(self, attempt: Attempt) -> None:
         """The attempt's outcome is journaled: its token is refused from now on."""
         with self._lock:
             self.revoked.add(attempt)
 
-    def meter(self, attempt: tuple[str, str, str, int]) -> dict[str, Any]:
+    def meter(self, attempt: Attempt) -> dict[str, Any]:
         with self._lock:
             return self.meters.get(attempt, Meter()).record()
+
+    def _changed(self, claims: Claims) -> None:
+        if self.changed is not None:
+            with self._lock:
+                state = self.meters[claims.attempt_key].state()
+            self.changed(claims, state)
 
     # -- the server ---------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -168,8 +198,12 @@ class Gateway:
         return app
 
     async def _open(self, _: web.Application) -> None:
+        tls: ssl.SSLContext | bool = True
+        if self.ca_file:
+            tls = ssl.create_default_context()
+            tls.load_verify_locations(self.ca_file)  # beside the public roots
         self._client = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False,
-                                             connector=aiohttp.TCPConnector(limit=0))
+                                             connector=aiohttp.TCPConnector(limit=0, ssl=tls))
 
     async def _close(self, _: web.Application) -> None:
         if self._client is not None:
@@ -181,6 +215,7 @@ class Gateway:
         if claims is not None:
             with self._lock:
                 self.meters.setdefault(claims.attempt_key, Meter()).refused += 1
+            self._changed(claims)
         return _error(status, kind, f"probe-runner gateway: {why}")
 
     def _token(self, request: web.Request) -> str | None:
@@ -206,6 +241,9 @@ class Gateway:
             revoked = claims.attempt_key in self.revoked
         if revoked:
             return self._refuse(request, claims, 401, "authentication_error", "token refused: the attempt has ended")
+        ended = self.ended(claims)
+        if ended is not None:
+            return self._refuse(request, claims, 401, "authentication_error", f"token refused: {ended}")
         if (request.method, request.path) not in ALLOWED:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
         body = await request.read()
@@ -216,13 +254,23 @@ class Gateway:
                 return self._refuse(request, claims, 400, "invalid_request_error",
                                     f"model {model!r} has no price at the gateway (gateway.prices), so its calls could not "
                                     "be held to the session's limit")
+        if metered and self.carried is not None and claims.attempt_key not in self.meters:
+            carried = await asyncio.to_thread(self.carried, claims)
+            with self._lock:
+                self.meters.setdefault(claims.attempt_key, Meter(carried=carried))
         if metered and not self._admit(claims):
             meter = self.meters[claims.attempt_key]
             return self._refuse(request, claims, 403, "permission_error",
-                                f"{LIMIT_SPENT} (${claims.limit()}; ${meter.usd} metered, {meter.in_flight} call(s) in flight "
+                                f"{LIMIT_SPENT} (${claims.limit()}; ${meter.carried + meter.usd} metered, {meter.in_flight} call(s) in flight "
                                 f"at up to ${claims.call()} each)")
         flight = _Flight(self, claims, metered)
         try:
+            if metered and self.persisted is not None:
+                try:
+                    await asyncio.to_thread(self.persisted, claims)
+                except Exception as e:  # noqa: BLE001 - not forwarded: the CLI retries a 503
+                    log.error("%s: the call could not be kept before forwarding it: %s: %s", claims.name, type(e).__name__, e)
+                    return _error(503, "api_error", "probe-runner gateway: the call could not be metered; try again")
             return await self._forward(request, claims, body, flight)
         finally:
             flight.end(None)  # cut short before its answer was read (a no-op once ended)
@@ -234,10 +282,11 @@ class Gateway:
         limit = claims.limit()
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
-            if limit is not None and meter.usd + meter.in_flight * claims.call() >= limit:
+            if limit is not None and meter.carried + meter.usd + meter.in_flight * claims.call() >= limit:
                 return False
             meter.in_flight += 1
-            return True
+        self._changed(claims)
+        return True
 
     async def _forward(self, request: web.Request, claims: Claims, body: bytes, flight: _Flight) -> web.StreamResponse:
         assert self._client is not None
@@ -279,16 +328,16 @@ class Gateway:
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
             meter.in_flight -= 1
-            if reader is None:
-                return
-            price = price_of(self.prices, reader.model)
-            meter.calls += 1
-            for k, v in reader.usage.items():
-                meter.usage[k] = meter.usage.get(k, 0) + v
-            if price is not None:
-                meter.usd += cost(price, reader.usage)
-            elif reader.usage:
-                meter.unpriced.add(reader.model or "(none)")
+            if reader is not None:
+                price = price_of(self.prices, reader.model)
+                meter.calls += 1
+                for k, v in reader.usage.items():
+                    meter.usage[k] = meter.usage.get(k, 0) + v
+                if price is not None:
+                    meter.usd += cost(price, reader.usage)
+                elif reader.usage:
+                    meter.unpriced.add(reader.model or "(none)")
+        self._changed(claims)
 
 
 class _Flight:
@@ -319,8 +368,9 @@ class GatewayThread:
     """A gateway on its own event loop in a background thread, for a run on this host: started
     on ``host`` (loopback) at a free port; ``url`` is what the sessions get as their base URL."""
 
-    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.gateway, self.host, self.port = gateway, host, port
+    def __init__(self, gateway: Gateway, host: str | None = "127.0.0.1", port: int = 0,
+                 shutdown_seconds: float = SHUTDOWN_SECONDS) -> None:
+        self.gateway, self.host, self.port, self.shutdown_seconds = gateway, host, port, shutdown_seconds
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -338,11 +388,11 @@ class GatewayThread:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Stop serving: calls still open get SHUTDOWN_SECONDS, then the loop stops whatever
+        """Stop serving: calls still open get ``shutdown_seconds``, then the loop stops whatever
         they do (a stop that cannot finish is logged, never raised into the run's end)."""
         try:
             if self._runner is not None:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(SHUTDOWN_SECONDS + 5)
+                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(self.shutdown_seconds + 5)
         except Exception as e:  # noqa: BLE001 - the run's transform must still happen
             log.warning("the provider gateway did not stop cleanly: %s: %s", type(e).__name__, e)
         finally:
@@ -352,12 +402,12 @@ class GatewayThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._runner = web.AppRunner(self.gateway.app(), access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+            self._runner = web.AppRunner(self.gateway.app(), access_log=None, shutdown_timeout=self.shutdown_seconds)
             self._loop.run_until_complete(self._runner.setup())
             site = web.TCPSite(self._runner, self.host, self.port)
             self._loop.run_until_complete(site.start())
             port = self._runner.addresses[0][1]
-            self.url = f"http://{self.host}:{port}"
+            self.url = f"http://{self.host or '0.0.0.0'}:{port}"  # None: every address
         except BaseException as e:  # noqa: BLE001 - handed to the starting thread, which raises it
             self._error = e
             self._ready.set()

@@ -15,6 +15,7 @@ mid-frame, costs one exec its deadline and nothing else.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import re
@@ -139,6 +140,7 @@ class Kube:
         self.core = client.CoreV1Api(self.api_client)
         self.net = client.NetworkingV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
+        self.coordination = client.CoordinationV1Api(self.api_client)
         self._exec_config = (exec_client or self.api_client).configuration
         self._exec_local = threading.local()
         self.attempts = 0  # API attempts made, retries included (the bench reads it)
@@ -216,6 +218,47 @@ class Kube:
         if not ip or ip == "None" or not svc.spec.ports:
             raise UserError(f"Service {self.namespace}/{name} has no ClusterIP and port to connect to")
         return ip, svc.spec.ports[0].port
+
+    def secret_value(self, name: str, key: str) -> bytes:
+        """One key of a Secret, decoded; a missing Secret, key or right is the user's to fix."""
+        try:
+            sec = self.call(self.core.read_namespaced_secret, name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status in (403, 404):
+                raise UserError(f"reading Secret {name} in namespace {self.namespace}: {_api_message(e)}") from None
+            raise
+        value = (sec.data or {}).get(key)
+        if not value:
+            raise UserError(f"Secret {self.namespace}/{name} has no key {key!r}")
+        return base64.b64decode(value)
+
+    # ---- leases (the gateway's meters) ------------------------------------------------------
+
+    def lease_annotations(self, name: str) -> dict[str, str] | None:
+        """The annotations of Lease ``name``, or None where there is none."""
+        try:
+            lease = self.call(self.coordination.read_namespaced_lease, name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(lease.metadata.annotations or {})
+
+    def list_leases(self, label_selector: str) -> list[dict]:
+        resp = self.call(self.coordination.list_namespaced_lease, self.namespace, label_selector=label_selector,
+                         _request_timeout=60)
+        return [self.api_client.sanitize_for_serialization(x) for x in resp.items]
+
+    def put_lease(self, manifest: dict) -> None:
+        """Create the Lease, or merge its labels and annotations into the one that exists."""
+        try:
+            self.call(self.coordination.create_namespaced_lease, self.namespace, manifest, _request_timeout=30)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            patch = {"metadata": {k: manifest["metadata"][k] for k in ("labels", "annotations")}}
+            self.call(self.coordination.patch_namespaced_lease, manifest["metadata"]["name"], self.namespace, patch,
+                      _request_timeout=30)
 
     # ---- jobs --------------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ A route is *open* when a connection is made (the TCP handshake completes, DNS an
 is *closed* otherwise: a timeout (a policy that drops), a refusal (a policy that rejects, as
 kube-router's does, answers exactly like a port with no listener, so a refusal proves nothing
 reached a service), an unreachable network, a refusal by the proxy. The one route that must
-be open is the provider through the egress proxy: CONNECT, TLS to the provider's name with
-certificate verification, and an HTTP answer of any status.
+be open is the provider gateway (an HTTP answer to ``HEAD /``) or, where the gateway is off,
+the provider through the egress proxy: CONNECT, TLS to the provider's name with certificate
+verification, and an HTTP answer of any status.
 
 A new pod's policy is not in force at once: an enforcer programs it after the pod has its
 address (kube-router took about a second here, during which every route of a new pod was
@@ -43,11 +44,11 @@ METADATA_ADDRESS = "169.254.169.254"
 @dataclass(frozen=True)
 class Route:
     """One route to try. ``target`` is host:port, or an http URL for ``proxy-http``; ``{dns}``,
-    ``{api}`` and ``{node}`` stand for what only the pod knows (its name server, the API
-    server's ClusterIP and port, its node's address)."""
+    ``{api}``, ``{node}`` and ``{gateway}`` stand for what only the pod knows (its name server,
+    the API server's ClusterIP and port, its node's address, the gateway's ClusterIP and port)."""
 
     name: str
-    kind: str  # tcp | dns | proxy-tls | proxy-http
+    kind: str  # tcp | dns | http | proxy-tls | proxy-http
     target: str
     server_name: str | None = None
     must_open: bool = False
@@ -63,10 +64,12 @@ class Result:
 
 
 def routes(provider_url: str, provider_addresses: list[str], neighbour: str | None, foreign_hosts: list[str],
-           extra_targets: list[str]) -> list[Route]:
+           extra_targets: list[str], gateway: bool = False) -> list[Route]:
     """Every route item 5 of the design names, for this install. ``provider_addresses``: the
     provider host's addresses as the controller resolves them; ``neighbour``: host:port of
-    another pod on a port its policy does not open (e.g. an egress proxy pod's port 80)."""
+    another pod on a port its policy does not open (e.g. an egress proxy pod's port 80).
+    ``gateway``: the session's one route is the provider gateway (``{gateway}``, which must
+    answer), not the egress proxy."""
     u = urlsplit(provider_url)
     host, port = u.hostname or "", u.port or 443
     out = [
@@ -80,6 +83,8 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
         out.append(Route("another pod", "tcp", neighbour))
     out += [Route("the provider directly", "tcp", f"{ip}:{port}") for ip in provider_addresses]
     out += [Route(f"{t} directly", "tcp", t) for t in extra_targets]
+    if gateway:
+        return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True)]
     out.append(Route("the provider through the egress proxy", "proxy-tls", f"{host}:{port}", host, must_open=True))
     if provider_addresses:
         out.append(Route("the provider by address through the egress proxy", "proxy-tls",

@@ -2,8 +2,8 @@
 session and every ``kube.canary_interval_seconds`` while it runs, and re-lists the
 namespace's NetworkPolicies each time.
 
-A check fails when a route a session must not have answers, when the provider path through
-the egress proxy does not, when a foreign policy now selects session pods, or when the check
+A check fails when a route a session must not have answers, when the provider gateway (or,
+where it is off, the provider through the egress proxy) does not, when a foreign policy now selects session pods, or when the check
 cannot finish. The first check's failure refuses the campaign (exit 12, nothing started);
 a later one halts new session starts (the campaign then exits 12 with the route named), and
 every session that was running is told by its capture record, whose ``confinement_checks``
@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from runner.errors import ConfinementError
-from runner.k8s import canary, manifests, names, podstate
+from runner.k8s import canary, manifests, names, podstate, policy
 from runner.k8s.api import Kube
 from runner.settings import Settings
 
@@ -53,7 +53,7 @@ class ConfinementMonitor:
     settings: Settings
     kube: Kube
     campaign: str
-    proxy_url: str
+    route: manifests.Route  # the session pods' one route (no token: a canary holds none)
     foreign_policies: object  # callable () -> list[str]: names of policies that also select sessions
     checks: list[Check] = field(default_factory=list)
     halted: str | None = None
@@ -72,16 +72,14 @@ class ConfinementMonitor:
         except OSError:
             addresses = []  # the proxy resolves it; the direct routes are then not tried
         neighbour = None
-        proxies, _ = self.kube.list_pods(names.selector_string(
-            names.selector(k.instance, names.PROXY_COMPONENT)))
-        proxy_port = urlsplit(self.proxy_url).port or 3128
-        for pod in proxies:
+        component, _, port = policy.route(self.settings)
+        for pod in self.kube.list_pods(names.selector_string(names.selector(k.instance, component)))[0]:
             ip = (pod.get("status") or {}).get("podIP")
             if ip:
-                neighbour = f"{ip}:{proxy_port + 1}"
+                neighbour = f"{ip}:{port + 1}"
                 break
         return canary.routes(self.settings.provider.base_url, addresses, neighbour, k.canary_foreign_hosts,
-                             k.canary_extra_targets)
+                             k.canary_extra_targets, gateway=self.route.proxy is None)
 
     def check(self) -> Check:
         """Run one check to its end (bounded by kube.canary_timeout_seconds)."""
@@ -108,7 +106,7 @@ class ConfinementMonitor:
 
     def _run_canary(self, number: int) -> tuple[list[canary.Result], float | None]:
         k = self.settings.kube
-        pod = manifests.canary_pod(self.settings, self.campaign, number, canary.encode(self.routes()), self.proxy_url)
+        pod = manifests.canary_pod(self.settings, self.campaign, number, canary.encode(self.routes()), self.route)
         name = pod["metadata"]["name"]
         selector = names.selector_string(pod["metadata"]["labels"])
         if not self.kube.create_pod(pod):  # left by an earlier run of this campaign

@@ -9,7 +9,8 @@ Layout, and why each part is there:
   reader mounts. Containers do not share a PID namespace, so the session cannot see, signal or
   trace the reader; the uids differ, so it could not even if it could see it.
 - The workspace comes in and the changed files go out through the API (exec into ``reader``),
-  never through a network path of the pod: the pod's only route out is the egress proxy.
+  never through a network path of the pod: the pod's only route out is the provider gateway
+  (``Route``), or the egress proxy where the gateway is off.
 - When the harness container's first process exits, the runtime kills every other process of
   that container (its PID namespace ends), so nothing the session left behind is running when
   the controller reads the artifacts.
@@ -22,7 +23,9 @@ Layout, and why each part is there:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from runner import harness
 from runner.k8s import names
@@ -120,9 +123,25 @@ def harness_args(plan: Plan, settings: Settings) -> list[str]:
     return [HARNESS_EXECUTABLE, *harness.flags(plan, settings)]
 
 
-def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict[str, Any]]:
-    """``proxy_url`` is the egress proxy by address (runner.k8s.policy.session_proxy_url): the
-    pod may send no DNS query, so a Service name would not resolve."""
+@dataclass(frozen=True)
+class Route:
+    """How a session pod reaches the provider. Through the gateway: ``base_url`` is the
+    gateway by address and ``token`` the attempt's own (runner/gateway/tokens.py); the pod gets
+    no credential. Through the egress proxy (gateway.enabled false): ``base_url`` is the
+    provider's, ``proxy`` the proxy by address, and the pod reads the credentials Secret.
+    Addresses, because the pod may send no DNS query (runner.k8s.policy.session_route_url)."""
+
+    base_url: str
+    proxy: str | None = None
+    token: str | None = None
+
+    @property
+    def gateway(self) -> str | None:
+        """host:port of the gateway (the canary's target), or None through the proxy."""
+        return None if self.proxy else urlsplit(self.base_url).netloc
+
+
+def harness_env(settings: Settings, task: str, route: Route) -> list[dict[str, Any]]:
     k = settings.kube
     env = _env({
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -130,8 +149,9 @@ def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict[str,
         "CLAUDE_CONFIG_DIR": CONFIG_DIR,
         "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
-        "ANTHROPIC_BASE_URL": settings.provider.base_url,
-        "HTTPS_PROXY": proxy_url,
+        "ANTHROPIC_BASE_URL": route.base_url,
+        **({"HTTPS_PROXY": route.proxy} if route.proxy else {}),
+        **({"ANTHROPIC_API_KEY": route.token} if route.token else {}),
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         **settings.harness.env,
@@ -139,20 +159,21 @@ def harness_env(settings: Settings, task: str, proxy_url: str) -> list[dict[str,
         "PROBE_TASK": task,
         "PROBE_SOCKET_DIR": SOCKET_DIR,
         "PROBE_TIMEOUT_SECONDS": f"{settings.harness.timeout_seconds:g}",
-        "PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json",
     })
-    if k.provider_ca_configmap:
-        # Node's extra roots, read by the CLI at start (it keeps the public ones too).
-        env.append({"name": "NODE_EXTRA_CA_CERTS", "value": f"{PROVIDER_CA_DIR}/ca.crt"})
-    if k.credentials_secret:
-        env.append({"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
-            "name": k.credentials_secret, "key": "api-key", "optional": True}}})
+    if route.token is None:  # the egress proxy: the session reads the credentials, and TLS is its own
+        env += _env({"PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json"})
+        if k.provider_ca_configmap:
+            # Node's extra roots, read by the CLI at start (it keeps the public ones too).
+            env.append({"name": "NODE_EXTRA_CA_CERTS", "value": f"{PROVIDER_CA_DIR}/ca.crt"})
+        if k.credentials_secret:
+            env.append({"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
+                "name": k.credentials_secret, "key": "api-key", "optional": True}}})
     return env
 
 
 def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str,
-                proxy_url: str) -> dict[str, Any]:
-    """The pod of one session attempt; ``proxy_url`` as for ``harness_env``."""
+                route: Route) -> dict[str, Any]:
+    """The pod of one session attempt, reaching the provider by ``route``."""
     k = settings.kube
     r = k.resources
     labels = names.session_labels(k.instance, plan.campaign, probe, session, attempt)
@@ -169,9 +190,10 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "socket", "mountPath": SOCKET_DIR},
     ]
-    volumes += _provider_ca_volumes(k)
-    harness_mounts += _provider_ca_mounts(k)
-    if k.credentials_secret:
+    if route.token is None:
+        volumes += _provider_ca_volumes(k)
+        harness_mounts += _provider_ca_mounts(k)
+    if k.credentials_secret and route.token is None:
         volumes.append({"name": "credentials", "secret": {
             "secretName": k.credentials_secret, "optional": True, "defaultMode": 0o400,
             "items": [{"key": "credentials.json", "path": "credentials.json"}]}})
@@ -220,7 +242,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                 "command": [*POD_MODULE, "harness", "--"],
                 "args": harness_args(plan, settings),
                 "workingDir": WORKSPACE,
-                "env": harness_env(settings, task, proxy_url),
+                "env": harness_env(settings, task, route),
                 "resources": {
                     "requests": {"cpu": r.cpu_request, "memory": r.memory_request},
                     "limits": {"cpu": r.cpu_limit, "memory": r.memory_limit, "ephemeral-storage": r.ephemeral_storage_limit},
@@ -262,12 +284,14 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
 CANARY_PROBE = "canary"  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
 
 
-def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, proxy_url: str) -> dict[str, Any]:
+def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, route: Route) -> dict[str, Any]:
     """The confinement canary of check number ``check`` (runner/k8s/canary.py): a session pod's
-    labels, image, uid, security context and proxy, running the canary instead of the harness,
-    bounded by ``activeDeadlineSeconds``; ``routes_b64`` is ``runner.k8s.canary.encode`` of its routes.
-    Its report is its termination message."""
+    labels, image, uid, security context and route (no token: the gateway must refuse it),
+    running the canary instead of the harness, bounded by ``activeDeadlineSeconds``;
+    ``routes_b64`` is ``runner.k8s.canary.encode`` of its routes. Its report is its termination
+    message."""
     k = settings.kube
+    reach = {"HTTPS_PROXY": route.proxy} if route.proxy else {"PROBE_GATEWAY": route.gateway or ""}
     volumes, mounts = _provider_ca_volumes(k), _provider_ca_mounts(k)
     args = [routes_b64, *([f"{PROVIDER_CA_DIR}/ca.crt"] if k.provider_ca_configmap else [])]
     spec: dict[str, Any] = {
@@ -284,7 +308,7 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, p
             "imagePullPolicy": k.image_pull_policy,
             "command": ["python3", "-m", "runner.entrypoints.canary"],
             "args": args,
-            "env": [*_env({"PATH": "/usr/local/bin:/usr/bin:/bin", "HTTPS_PROXY": proxy_url}),
+            "env": [*_env({"PATH": "/usr/local/bin:/usr/bin:/bin", **reach}),
                     {"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}],
             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "128Mi"}},
             "securityContext": container_security(k.harness_uid),

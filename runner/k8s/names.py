@@ -30,9 +30,11 @@ PROBE = f"{GROUP}/probe"
 SESSION = f"{GROUP}/session"
 ATTEMPT = f"{GROUP}/attempt"
 CANARY = f"{GROUP}/canary"  # annotation only: the number of the confinement check a canary pod runs
+METER_PREFIX = f"meter.{GROUP}"  # <this>/<gateway pod>: an annotation of an attempt's Lease, that gateway's meter
 
 SESSION_COMPONENT = "session"
 PROXY_COMPONENT = "egress-proxy"
+GATEWAY_COMPONENT = "gateway"
 CONTROLLER_COMPONENT = "controller"
 
 

@@ -1,11 +1,13 @@
-"""The network confinement of session pods: NetworkPolicies, the egress proxy's address in the
-pod, and the start-up check that no other policy reopens what ours close.
+"""The network confinement of session pods: NetworkPolicies, the address of their one route in
+the pod, and the start-up check that no other policy reopens what ours close.
 
-A session pod may reach the egress proxy's pods on the proxy port and nothing else: no DNS,
-no API server, no metadata service, no other pod. The proxy (``runner.k8s.egress``) then
-allows CONNECT to the provider host alone. The proxy pods accept connections from session
-pods only and may reach TCP on the provider port (any address: Squid's ACL restricts the
-host) and DNS to resolve that host. Where the cluster runs Cilium, ``cilium_fqdn_policy`` can
+A session pod may reach the provider gateway's pods on the gateway port and nothing else: no
+DNS, no API server, no metadata service, no other pod. The gateway (runner/gateway/) then
+forwards the Messages API calls of a valid session token to the provider. Where the gateway is
+off (gateway.enabled false: a credentials.json login), the one route is the egress proxy
+instead, which (``runner.k8s.egress``) allows CONNECT to the provider host alone. The proxy
+pods accept connections from session pods only and may reach TCP on the provider port (any
+address: Squid's ACL restricts the host) and DNS to resolve that host. Where the cluster runs Cilium, ``cilium_fqdn_policy`` can
 replace the proxy's any-address egress with the provider host's own addresses.
 
 Everything here is a pure builder; the chart renders what these return and the executor
@@ -53,70 +55,91 @@ def provider_endpoint(settings: Settings) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def proxy_endpoint(settings: Settings) -> tuple[str, int]:
-    """(host, port) of ``kube.proxy_url``. The port must be explicit: the NetworkPolicies open
-    exactly that port on the proxy pods, so the proxy Service's port must equal its targetPort
-    and Squid's listen port (policies see the pod port, after the Service's translation)."""
-    url = settings.kube.proxy_url
+def _service_endpoint(url: str, field: str, what: str) -> tuple[str, int]:
+    """(host, port) of an in-cluster http://HOST:PORT setting. The port must be explicit: the
+    NetworkPolicies open exactly that port on the Service's pods, so the Service's port must
+    equal its targetPort and the server's listen port (policies see the pod port, after the
+    Service's translation)."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as e:
-        raise UserError(f"kube.proxy_url {url!r}: {e}") from None
+        raise UserError(f"{field} {url!r}: {e}") from None
     if parts.scheme != "http" or not parts.hostname or port is None:
-        raise UserError(f"kube.proxy_url {url!r}: must be http://HOST:PORT (the egress proxy Service and its port)")
+        raise UserError(f"{field} {url!r}: must be http://HOST:PORT ({what})")
     return parts.hostname, port
 
 
-def proxy_service_name(settings: Settings) -> str | None:
-    """The Service whose ClusterIP ``session_proxy_url`` needs, or None when ``kube.proxy_url``
+def proxy_endpoint(settings: Settings) -> tuple[str, int]:
+    """(host, port) of ``kube.proxy_url``."""
+    return _service_endpoint(settings.kube.proxy_url, "kube.proxy_url", "the egress proxy Service and its port")
+
+
+def gateway_endpoint(settings: Settings) -> tuple[str, int]:
+    """(host, port) of ``kube.gateway_url``."""
+    return _service_endpoint(settings.kube.gateway_url, "kube.gateway_url", "the provider gateway Service and its port")
+
+
+def route(settings: Settings) -> tuple[str, str, int]:
+    """The session pods' one route: (component, host, port) of the provider gateway, or of the
+    egress proxy where gateway.enabled is false."""
+    if settings.gateway.enabled:
+        return (names.GATEWAY_COMPONENT, *gateway_endpoint(settings))
+    return (names.PROXY_COMPONENT, *proxy_endpoint(settings))
+
+
+def route_service_name(settings: Settings) -> str | None:
+    """The Service whose ClusterIP ``session_route_url`` needs, or None when the route's URL
     already names an address. A qualified name (``svc.ns``, ``svc.ns.svc.cluster.local``)
     must name our own namespace: a NetworkPolicy's podSelector only reaches pods there."""
-    host, _ = proxy_endpoint(settings)
+    component, host, _ = route(settings)
     if _is_ip(host):
         return None
     service, _, rest = host.partition(".")
     namespace = rest.split(".")[0]
     if namespace and namespace != settings.kube.namespace:
-        raise UserError(f"kube.proxy_url: the egress proxy Service must be in namespace {settings.kube.namespace}, "
-                        f"not {namespace} (the NetworkPolicy only admits proxy pods there)")
+        what = "provider gateway" if component == names.GATEWAY_COMPONENT else "egress proxy"
+        raise UserError(f"the {what} Service must be in namespace {settings.kube.namespace}, not {namespace} "
+                        f"(the NetworkPolicy only admits its pods there)")
     return service
 
 
-def session_proxy_url(settings: Settings, cluster_ip: str | None) -> str:
-    """HTTPS_PROXY for the harness: the proxy Service's ClusterIP and port, never its name.
+def session_route_url(settings: Settings, cluster_ip: str | None) -> str:
+    """The session's route by address: the Service's ClusterIP and port, never its name
+    (ANTHROPIC_BASE_URL to the gateway, or HTTPS_PROXY to the egress proxy).
 
     A session pod may send no DNS query (DESIGN: "DNS and every other host are closed"), so
-    it cannot resolve the Service name in ``kube.proxy_url``. The executor reads the Service
-    named by ``proxy_service_name`` once and passes its ``spec.clusterIP`` here. An address
-    needs no resolver at all, where a hostAliases entry would work only if the harness's
-    resolver reads /etc/hosts (Node and Bun resolvers differ). The NetworkPolicy still
-    matches: the Service's translation to a proxy pod happens before the policy is applied,
-    so the podSelector rule admits ClusterIP traffic. With the provider reached through
-    CONNECT, the harness itself never resolves the provider host either.
+    it cannot resolve the Service name. The executor reads the Service named by
+    ``route_service_name`` once and passes its ``spec.clusterIP`` here. An address needs no
+    resolver at all, where a hostAliases entry would work only if the harness's resolver
+    reads /etc/hosts (Node and Bun resolvers differ). The NetworkPolicy still matches: the
+    Service's translation to a pod happens before the policy is applied, so the podSelector
+    rule admits ClusterIP traffic. Through the gateway or the proxy's CONNECT, the harness
+    itself never resolves the provider host either.
 
-    ``cluster_ip`` is ignored when ``kube.proxy_url`` already names an address.
+    ``cluster_ip`` is ignored when the route's URL already names an address.
     """
-    host, port = proxy_endpoint(settings)
+    _, host, port = route(settings)
     if _is_ip(host):
         return f"http://{_url_host(host)}:{port}"
     if not cluster_ip or not _is_ip(cluster_ip):
-        raise UserError(f"the egress proxy Service {proxy_service_name(settings)} has no cluster IP "
+        raise UserError(f"the Service {route_service_name(settings)} has no cluster IP "
                         f"({cluster_ip or 'none'}); it must be a ClusterIP Service, not headless")
     return f"http://{_url_host(cluster_ip)}:{port}"
 
 
 def own_policy_names(settings: Settings) -> set[str]:
-    """Names of the two NetworkPolicies this install makes (``foreign_policies_selecting``
-    leaves them out)."""
-    return {_policy_name(settings, names.SESSION_COMPONENT), _policy_name(settings, names.PROXY_COMPONENT)}
+    """Names of the NetworkPolicies this install makes (``foreign_policies_selecting`` leaves
+    them out)."""
+    return {_policy_name(settings, c) for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT, names.GATEWAY_COMPONENT)}
 
 
 def session_network_policy(settings: Settings) -> dict[str, Any]:
     """Session pods: no ingress at all (exec and logs come through the kubelet, not the pod
-    network), egress only to the proxy pods on the proxy port, so no DNS either."""
+    network), egress only to the pods of their route (``route``: the gateway, or the egress
+    proxy) on its port, so no DNS either."""
     k = settings.kube
-    _, proxy_port = proxy_endpoint(settings)
+    component, _, port = route(settings)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -125,8 +148,29 @@ def session_network_policy(settings: Settings) -> dict[str, Any]:
             "podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)},
             "policyTypes": ["Ingress", "Egress"],
             "egress": [{
-                "to": [{"podSelector": {"matchLabels": names.selector(k.instance, names.PROXY_COMPONENT)}}],
-                "ports": [{"protocol": "TCP", "port": proxy_port}],
+                "to": [{"podSelector": {"matchLabels": names.selector(k.instance, component)}}],
+                "ports": [{"protocol": "TCP", "port": port}],
+            }],
+        },
+    }
+
+
+def gateway_network_policy(settings: Settings) -> dict[str, Any]:
+    """Gateway pods: ingress only from session pods on the gateway port. Their egress (the
+    provider, and the API server they watch session pods through and keep meters at) stays
+    open, as the controller's: the API server's address is not known to the chart."""
+    k = settings.kube
+    _, port = gateway_endpoint(settings)
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(settings, _policy_name(settings, names.GATEWAY_COMPONENT), names.GATEWAY_COMPONENT),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(k.instance, names.GATEWAY_COMPONENT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)}}],
+                "ports": [{"protocol": "TCP", "port": port}],
             }],
         },
     }

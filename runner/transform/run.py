@@ -123,8 +123,8 @@ def _measured_confinement(captures: list[dict[str, Any]]) -> str | None:
             f"pod with the session pods' labels, image and network policies, which tried {len(tried)} routes "
             f"({'; '.join(tried)}). ")
     if not failed:
-        return text + ("In every check each route was closed but the provider through the egress proxy, "
-                       "which answered.")
+        opened = sorted({r["route"] for c in checks.values() for r in c.get("routes", []) if r.get("must_open")})
+        return text + f"In every check each route was closed but {' and '.join(opened) or 'none'}, which answered."
     return text + " ".join(f"Check {c['check']} at {c['at']} failed: {c.get('problem', '')}; the sessions it "
                            "overlapped are refused." for c in failed)
 

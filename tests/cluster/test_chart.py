@@ -58,7 +58,7 @@ chart = _chart_module()
 
 
 class SessionNode(SimNode):
-    """SimNode for session pods only: the chart's proxy pods and the controller Job's pod are
+    """SimNode for session pods only: the chart's gateway pods and the controller Job's pod are
     left to KWOK, which schedules them and reports them running."""
 
     def _on(self, event):
@@ -117,7 +117,7 @@ def install(kube_cluster, bucket):
     endpoint, _ = bucket
     objs = chart.render(release=release, namespace=namespace, sets=(
         "provider.credentialsSecret=provider", "bucket.store=s3://probes/campaigns", f"bucket.endpoint={endpoint}",
-        "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "egressProxy.replicas=1",
+        "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "gateway.replicas=1",
         # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
         "session.canary.enabled=false"), extra=("--skip-tests",))  # helm install does not install its test pod either
     kube_cluster.add_nodes(3, prefix=f"chart-{uid}")
@@ -134,7 +134,7 @@ def install(kube_cluster, bucket):
          "stringData": BUCKET_ENV},
     ])
     kube_cluster.apply(objs)
-    kube_cluster.kubectl("-n", namespace, "rollout", "status", f"deployment/{release}-egress-proxy", "--timeout=60s",
+    kube_cluster.kubectl("-n", namespace, "rollout", "status", f"deployment/{release}-gateway", "--timeout=60s",
                          timeout=70)
     yield namespace, release, objs
     client.CoreV1Api(kube_cluster.api_client()).delete_namespace(namespace, propagation_policy="Background")
@@ -243,11 +243,12 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
         assert not sim.errors, sim.errors
     assert code in (0, 12), code  # 12: the replayed stream's sessions may be refused by intake; all ran
     assert len(sim.created) == 4 and all(len(u) == 1 for u in sim.created.values())
-    proxy_ip = client.CoreV1Api(kube_cluster.api_client()).read_namespaced_service(
-        f"{release}-egress-proxy", namespace).spec.cluster_ip
-    for spec in sim.specs.values():  # sessions reach the proxy by its ClusterIP: they have no DNS
+    gateway_ip = client.CoreV1Api(kube_cluster.api_client()).read_namespaced_service(
+        f"{release}-gateway", namespace).spec.cluster_ip
+    for spec in sim.specs.values():  # sessions reach the gateway by its ClusterIP (they have no DNS), with a token
         env = {e["name"]: e.get("value") for e in spec["containers"][1]["env"]}
-        assert env["HTTPS_PROXY"] == f"http://{proxy_ip}:3128"
+        assert env["ANTHROPIC_BASE_URL"] == f"http://{gateway_ip}:8080" and "HTTPS_PROXY" not in env
+        assert env["ANTHROPIC_API_KEY"].startswith("prt1.") and not [e for e in spec["containers"][1]["env"] if "valueFrom" in e]
 
     # Sufficient (the campaign ran) and least: every rule of the Role was used, nothing else was.
     role = chart.by_kind(objs, "Role")[f"{release}-controller"]
@@ -309,9 +310,9 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
 
 def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, install, bucket, tmp_path):
     """`probe-runner doctor --cluster` (issue 16, item 3): against the installed chart, its
-    settings and a ready egress proxy hold (the canary is off here: KWOK runs no container, and
+    settings and a ready provider gateway hold (the canary is off here: KWOK runs no container, and
     doctor says it was not measured); against a namespace with no install, the chart and the
-    proxy checks fail, each with what to do, the confinement check is not measured, and the
+    route checks fail, each with what to do, the confinement check is not measured, and the
     exit is 1."""
     from runner.demo.provider import ScriptedProvider
 
@@ -325,13 +326,13 @@ def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, instal
     assert ok.returncode == 0, ok.stdout + ok.stderr
     lines = dict(line[5:].split(": ", 1) for line in ok.stdout.splitlines())
     assert lines["chart"] == f"the chart is installed as {release} in {namespace} (ConfigMap {release}-settings)"
-    assert lines["proxy"] == "1 egress proxy pod(s) ready"
+    assert lines["route"] == "1 provider gateway pod(s) ready"
     assert lines["cluster confinement"].startswith("not measured: the install sets kube.canary_enabled false")
     assert missing.returncode == 1, missing.stdout
     failed = [line for line in missing.stdout.splitlines() if line.startswith("FAIL")]
     assert len(failed) == 3 and failed[0].startswith(f"FAIL chart: reading ConfigMap {release}-settings in namespace {empty}")
-    assert failed[1] == (f"FAIL proxy: no egress proxy pod of {release} is ready in {empty} (0 found): "
-                         f"kubectl -n {empty} describe deployment {release}-egress-proxy")
+    assert failed[1] == (f"FAIL route: no provider gateway pod of {release} is ready in {empty} (0 found): "
+                         f"kubectl -n {empty} describe deployment {release}-gateway")
     assert failed[2] == "FAIL cluster confinement: not measured: the chart's settings were not found (above)"
     assert "Traceback" not in missing.stderr
 
@@ -347,7 +348,9 @@ def test_the_controller_identity_is_denied_what_the_role_does_not_grant(kube_clu
         "get one pod (the watch cache serves reads)": lambda: core.read_namespaced_pod("anything", namespace),
         "read a pod's log": lambda: core.read_namespaced_pod_log("anything", namespace),
         "read another Service": lambda: core.read_namespaced_service("kubernetes", "default"),
-        "delete the proxy Service": lambda: core.delete_namespaced_service(f"{release}-egress-proxy", namespace),
+        "delete the gateway Service": lambda: core.delete_namespaced_service(f"{release}-gateway", namespace),
+        "write a Lease (the gateway's meters)": lambda: client.CoordinationV1Api(core.api_client).create_namespaced_lease(
+            namespace, {"metadata": {"name": "x"}, "spec": {}}),
         "change a NetworkPolicy": lambda: client.NetworkingV1Api(core.api_client).delete_collection_namespaced_network_policy(namespace),
         "create a Job": lambda: client.BatchV1Api(core.api_client).create_namespaced_job(namespace, {"metadata": {"name": "x"}}),
     }
@@ -356,7 +359,8 @@ def test_the_controller_identity_is_denied_what_the_role_does_not_grant(kube_clu
             attempt()
         assert exc.value.status == 403, f"{what}: {exc.value.status} {exc.value.reason}"
     # ...while what it needs is allowed (the same client, the same token).
-    assert core.read_namespaced_service(f"{release}-egress-proxy", namespace).spec.cluster_ip
+    assert core.read_namespaced_service(f"{release}-gateway", namespace).spec.cluster_ip
+    assert core.read_namespaced_secret(f"{release}-gateway", namespace).data["token-secret"]
     client.CoreV1Api(kube_cluster.api_client()).delete_namespace(other, propagation_policy="Background")
 
 
@@ -384,9 +388,10 @@ def test_deleting_the_controller_job_deletes_its_session_pods(kube_cluster, inst
     owned = settings.model_copy(update={"kube": settings.kube.model_copy(update=owner)})
     plan = demo_plan(campaign)
     as_controller = client.CoreV1Api(client.ApiClient(controller_identity))
-    session = manifests.session_pod(owned, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
-    canary = manifests.canary_pod(owned, campaign, 1, "e30=", "http://10.96.0.10:3128")
-    before = manifests.session_pod(settings, plan, plan.probes[0].id, "present-002", 1, "task", "http://10.96.0.10:3128")
+    route = manifests.Route("http://10.96.0.10:8080", token="prt1.x.y")
+    session = manifests.session_pod(owned, plan, plan.probes[0].id, "present-001", 1, "task", route)
+    canary = manifests.canary_pod(owned, campaign, 1, "e30=", manifests.Route("http://10.96.0.10:8080"))
+    before = manifests.session_pod(settings, plan, plan.probes[0].id, "present-002", 1, "task", route)
     assert "ownerReferences" not in before["metadata"]
     for pod in (session, canary, before):
         as_controller.create_namespaced_pod(namespace, pod)  # the Role allows owning pods by the Job
@@ -425,7 +430,7 @@ def test_helm_uninstall_keeps_the_session_policy(kube_cluster):
     assert policy in {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
     chart.helm("uninstall", release, *kubeconfig, "--wait", "--timeout", "60s")
     left = {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
-    assert left == {policy}  # the proxy's and the Jobs' policies went with the release
+    assert left == {policy}  # the gateway's and the Jobs' policies went with the release
     sas = {s.metadata.name for s in client.CoreV1Api(kube_cluster.api_client()).list_namespaced_service_account(namespace).items}
     assert f"{release}-controller" not in sas and f"{release}-session" not in sas
     chart.helm(*install)  # adopted, not refused as an object Helm does not own
@@ -446,7 +451,8 @@ def test_the_controller_identity_may_create_only_session_pods(kube_cluster, inst
     namespace, release, objs = install
     settings = chart.settings_of(objs, release)
     plan = demo_plan(f"vap-{secrets.token_hex(3)}")
-    good = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
+    good = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task",
+                                 manifests.Route("http://10.96.0.10:8080", token="prt1.x.y"))
     as_controller = client.CoreV1Api(client.ApiClient(controller_identity))
 
     def harness(p: dict) -> dict:
@@ -460,6 +466,11 @@ def test_the_controller_identity_may_create_only_session_pods(kube_cluster, inst
             {"name": "STOLEN", "valueFrom": {"secretKeyRef": {"name": "bucket", "key": "AWS_SECRET_ACCESS_KEY"}}}),
         "the bucket Secret as a volume": lambda p: p["spec"]["volumes"].append(
             {"name": "stolen", "secret": {"secretName": "bucket"}}),
+        # through the gateway no session reads the provider key, not even as the exception's path would
+        "the provider Secret in its environment": lambda p: harness(p)["env"].append(
+            {"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {"name": "provider", "key": "api-key"}}}),
+        "the provider Secret as a volume": lambda p: p["spec"]["volumes"].append(
+            {"name": "credentials", "secret": {"secretName": "provider"}}),
         "another component's labels": lambda p: p["metadata"]["labels"].update({"app.kubernetes.io/component": "other"}),
     }
     for i, (what, change) in enumerate(variants.items()):

@@ -116,6 +116,8 @@ def _env(kube_cluster, namespace: str, store: str, **extra: str) -> dict[str, st
         "RUNNER_KUBE__API_BACKOFF_SECONDS": "0.2",
         "RUNNER_KUBE__START_TIMEOUT_SECONDS": "30",
         "RUNNER_KUBE__CREDENTIALS_SECRET": "provider",
+        # The egress proxy's path (test_gateway_in_cluster.py runs the gateway's).
+        "RUNNER_GATEWAY__ENABLED": "false",
         # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
         "RUNNER_KUBE__CANARY_ENABLED": "false",
         **extra,

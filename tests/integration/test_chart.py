@@ -119,11 +119,14 @@ def test_helm_lint(values):
 def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
     objs = render(values)
     kinds = sorted(o["kind"] for o in objs)
-    expected = ["ConfigMap", "ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget",
+    v = values_of(values)
+    gateway = v["gateway"]["enabled"]
+    expected = ["ConfigMap", "Deployment", "NetworkPolicy", "NetworkPolicy", "NetworkPolicy", "PodDisruptionBudget",
                 "Role", "RoleBinding", "Service", "ServiceAccount", "ServiceAccount", "ServiceAccount",
                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                 "Pod"]  # helm test's confinement check
-    v = values_of(values)
+    # the gateway's own Role, binding and token Secret; without it, the proxy's squid.conf
+    expected += ["Role", "RoleBinding", "Secret"] if gateway else ["ConfigMap"]
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
                            + (["Job"] if v["transformJob"]["campaign"] else []))
     for obj in objs:
@@ -234,14 +237,23 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     # submit reads the same ConfigMap to build the Jobs: both readings agree.
     data = by_kind(objs, "ConfigMap")["team-a-settings"]["data"]
     assert jobs.install_settings(data, Settings(store="s3://elsewhere/x")) == s
-    # The controller reads the proxy Service the chart made, and its Role may read exactly that one.
+    # The controller reads the route's Service the chart made (the gateway's, or without it the
+    # proxy's), and its Role may read exactly that one; with the gateway, the token Secret too.
     from runner.k8s import policy
 
-    proxy = policy.proxy_service_name(s)
-    service = by_kind(objs, "Service")[proxy]
-    assert service["spec"]["ports"][0]["port"] == v["egressProxy"]["port"]
+    gateway = v["gateway"]["enabled"]
+    assert s.gateway.enabled is gateway and (s.gateway.port, s.gateway.drain_seconds) == (
+        v["gateway"]["port"], v["gateway"]["drainSeconds"])
+    route = policy.route_service_name(s)
+    assert route == ("team-a-gateway" if gateway else "team-a-egress-proxy")
+    service = by_kind(objs, "Service")[route]
+    assert service["spec"]["ports"][0]["port"] == v["gateway" if gateway else "egressProxy"]["port"]
     rules = by_kind(objs, "Role")["team-a-controller"]["rules"]
-    assert {"apiGroups": [""], "resources": ["services"], "resourceNames": [proxy], "verbs": ["get"]} in rules
+    assert {"apiGroups": [""], "resources": ["services"], "resourceNames": [route], "verbs": ["get"]} in rules
+    if gateway:
+        assert k.gateway_secret in by_kind(objs, "Secret") and k.gateway_secret == "team-a-gateway"
+        assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [k.gateway_secret], "verbs": ["get"]} in rules
+        assert service["spec"]["sessionAffinity"] == "ClientIP"  # a session stays on one gateway pod
 
 
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
@@ -254,11 +266,12 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     assert spec["containers"][0]["envFrom"][0]["configMapRef"]["name"] in by_kind(objs, "ConfigMap")
     bound = by_kind(objs, "RoleBinding")["team-a-controller"]
     assert bound["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "probes"}]
-    # Session pods are selected by the session policy, proxy pods by the proxy's, and no policy
-    # of the chart selects the pods of another component.
+    # Session pods are selected by the session policy, the route's pods (the gateway's, or the
+    # proxy's) by their own, and no policy of the chart selects the pods of another component.
     plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
-    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
-    proxy_labels = by_kind(objs, "Deployment")["team-a-egress-proxy"]["spec"]["template"]["metadata"]["labels"]
+    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", manifests.Route("http://10.96.0.10:8080", token="t"))
+    route = names.GATEWAY_COMPONENT if settings.gateway.enabled else names.PROXY_COMPONENT
+    proxy_labels = by_kind(objs, "Deployment")[f"team-a-{route}"]["spec"]["template"]["metadata"]["labels"]
     selecting = by_kind(objs, "NetworkPolicy")
 
     def selects(policy: dict, labels: dict) -> bool:
@@ -267,7 +280,7 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     assert [n for n, p in selecting.items() if selects(p, pod["metadata"]["labels"])] == [
         names.object_name("team-a", "session", "policy")]
     assert [n for n, p in selecting.items() if selects(p, proxy_labels)] == [
-        names.object_name("team-a", "egress-proxy", "policy")]
+        names.object_name("team-a", route, "policy")]
     # The Jobs' pods get no ingress, and that policy is no foreign policy to the controller's
     # preflight: it selects no session pod and allows nothing.
     from runner.k8s import policy
@@ -278,7 +291,7 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     assert jobs_policy["spec"]["policyTypes"] == ["Ingress"] and "ingress" not in jobs_policy["spec"]
     assert policy.foreign_policies_selecting(list(selecting.values()), pod["metadata"]["labels"],
                                              policy.own_policy_names(settings)) == []
-    assert names.selector("team-a", names.PROXY_COMPONENT).items() <= proxy_labels.items()
+    assert names.selector("team-a", route).items() <= proxy_labels.items()
     # Session pods run as their own ServiceAccount, which mounts no token and is bound to nothing.
     session_sa = by_kind(objs, "ServiceAccount")[pod["spec"]["serviceAccountName"]]
     assert session_sa["automountServiceAccountToken"] is False and pod["spec"]["serviceAccountName"] == "team-a-session"
@@ -289,26 +302,42 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
         "helm.sh/resource-policy": "keep"}
 
 
-def test_a_provider_ca_bundle_reaches_every_harness_container_through_one_configmap(tmp_path):
-    """provider.caBundle (a TLS-inspecting gateway's CA) becomes <release>-provider-ca, which the
-    settings name, so the session pods the controller builds mount it as NODE_EXTRA_CA_CERTS."""
+def test_a_provider_ca_bundle_reaches_the_gateway_or_every_harness_through_one_configmap(tmp_path):
+    """provider.caBundle (a TLS-inspecting proxy's CA) becomes <release>-provider-ca, which the
+    settings name. With the gateway, the gateway pods mount it (they alone talk TLS to the
+    provider) and session pods do not; without it, the session pods the controller builds
+    mount it as NODE_EXTRA_CA_CERTS."""
     bundle = tmp_path / "ca.pem"
     bundle.write_text(_throwaway_ca_pem())
+    plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
+    ca_volume = {"name": "provider-ca", "configMap": {"name": "team-a-provider-ca", "defaultMode": 0o444,
+                                                      "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
     objs = render(release="team-a", namespace="probes", extra=("--set-file", f"provider.caBundle={bundle}"))
-    cm = by_kind(objs, "ConfigMap")["team-a-provider-ca"]
-    assert cm["data"] == {"ca.crt": bundle.read_text()}
+    assert by_kind(objs, "ConfigMap")["team-a-provider-ca"]["data"] == {"ca.crt": bundle.read_text()}
     settings = settings_of(objs, "team-a")
     assert settings.kube.provider_ca_configmap == "team-a-provider-ca"
-    plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
-    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", "http://10.96.0.10:3128")
+    gateway = by_kind(objs, "Deployment")["team-a-gateway"]["spec"]["template"]["spec"]
+    assert gateway["volumes"] == [{"name": "provider-ca", "configMap": {"name": "team-a-provider-ca"}}]
+    assert gateway["containers"][0]["volumeMounts"] == [
+        {"name": "provider-ca", "mountPath": manifests.PROVIDER_CA_DIR, "readOnly": True}]
+    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task",
+                                manifests.Route("http://10.96.0.10:8080", token="t"))
+    assert ca_volume not in pod["spec"]["volumes"]
+    assert not [e for e in pod["spec"]["containers"][1]["env"] if e["name"] == "NODE_EXTRA_CA_CERTS"]
+
+    objs = render(release="team-a", namespace="probes", sets=("gateway.enabled=false",),
+                  extra=("--set-file", f"provider.caBundle={bundle}"))
+    settings = settings_of(objs, "team-a")
+    pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task",
+                                manifests.Route(settings.provider.base_url, proxy="http://10.96.0.10:3128"))
     harness = pod["spec"]["containers"][1]
     assert {"name": "NODE_EXTRA_CA_CERTS", "value": "/run/probe/provider-ca/ca.crt"} in harness["env"]
-    assert {"name": "provider-ca", "configMap": {"name": "team-a-provider-ca", "defaultMode": 0o444,
-                                                 "items": [{"key": "ca.crt", "path": "ca.crt"}]}} in pod["spec"]["volumes"]
+    assert ca_volume in pod["spec"]["volumes"]
     # Without it: no ConfigMap, no mount.
     plain = render(release="team-a", namespace="probes")
     assert "team-a-provider-ca" not in by_kind(plain, "ConfigMap")
     assert settings_of(plain, "team-a").kube.provider_ca_configmap is None
+    assert "volumes" not in by_kind(plain, "Deployment")["team-a-gateway"]["spec"]["template"]["spec"]
 
 
 def _throwaway_ca_pem() -> str:
@@ -348,7 +377,7 @@ def test_the_chart_transform_job_is_the_builders(campaign):
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
 def test_squid_config_and_entrypoint_are_the_builders_text(values):
     v = values_of(values)
-    objs = render(values)
+    objs = render(values, sets=("gateway.enabled=false",))
     cm = by_kind(objs, "ConfigMap")["probe-runner-egress-proxy"]["data"]
     s = settings_of(objs)
     from urllib.parse import urlparse
@@ -372,10 +401,13 @@ def test_network_policies_are_the_builders(values):
     chart = {**by_kind(objs, "NetworkPolicy"), **by_kind(objs, "CiliumNetworkPolicy")}
     del chart[names.object_name("probe-runner", "jobs", "policy")]  # the Jobs' own, see below
     cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
-    built = [policy.session_network_policy(s), policy.proxy_network_policy(s, egress_by_cilium=cilium)]
-    if cilium:
-        built.append(policy.cilium_fqdn_policy(s))
-    assert {b["metadata"]["name"] for b in built[:2]} == policy.own_policy_names(s)
+    if s.gateway.enabled:
+        built = [policy.session_network_policy(s), policy.gateway_network_policy(s)]
+    else:
+        built = [policy.session_network_policy(s), policy.proxy_network_policy(s, egress_by_cilium=cilium)]
+        if cilium:
+            built.append(policy.cilium_fqdn_policy(s))
+    assert {b["metadata"]["name"] for b in built[:2]} <= policy.own_policy_names(s)
     assert sorted(chart) == sorted(b["metadata"]["name"] for b in built)
     for b in built:
         c = chart[b["metadata"]["name"]]
@@ -388,16 +420,27 @@ def test_policy_names_are_computed_as_names_py_does_for_any_release_name(release
     """The controller tells its own policies from foreign ones by these names."""
     objs = render(release=release)
     assert set(by_kind(objs, "NetworkPolicy")) == {names.object_name(release, c, "policy")
+                                                    for c in (names.SESSION_COMPONENT, names.GATEWAY_COMPONENT, "jobs")}
+    objs = render(release=release, sets=("gateway.enabled=false",))
+    assert set(by_kind(objs, "NetworkPolicy")) == {names.object_name(release, c, "policy")
                                                     for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT, "jobs")}
 
 
 # ---- security defaults -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
-def test_proxy_pods_are_hardened_and_mount_no_token(values):
+def test_route_pods_are_hardened_and_only_the_gateway_mounts_a_token(values):
     objs = render(values)
-    pod = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    gateway = values_of(values)["gateway"]["enabled"]
+    name = "probe-runner-gateway" if gateway else "probe-runner-egress-proxy"
+    pod = by_kind(objs, "Deployment")[name]["spec"]["template"]["spec"]
+    # the gateway watches session pods and keeps Leases: its Role allows that and nothing else
+    assert pod["automountServiceAccountToken"] is gateway
+    if gateway:
+        assert by_kind(objs, "Role")[name]["rules"] == [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}]
+        assert pod["terminationGracePeriodSeconds"] == values_of(values)["gateway"]["drainSeconds"] + 5
     for sa in by_kind(objs, "ServiceAccount").values():  # a pod that needs a token asks for it
         assert sa["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
@@ -412,11 +455,12 @@ def test_proxy_pods_are_hardened_and_mount_no_token(values):
 
 
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
-def test_a_drain_takes_at_most_max_unavailable_proxy_pods(values):
-    objs = render(values)
-    proxy = by_kind(objs, "Deployment")["probe-runner-egress-proxy"]
-    budget = by_kind(objs, "PodDisruptionBudget")["probe-runner-egress-proxy"]["spec"]
-    v = values_of(values)["egressProxy"]
+@pytest.mark.parametrize("route", ["gateway", "egress-proxy"])
+def test_a_drain_takes_at_most_max_unavailable_route_pods(values, route):
+    objs = render(values, sets=(f"gateway.enabled={str(route == 'gateway').lower()}",))
+    proxy = by_kind(objs, "Deployment")[f"probe-runner-{route}"]
+    budget = by_kind(objs, "PodDisruptionBudget")[f"probe-runner-{route}"]["spec"]
+    v = values_of(values)["gateway" if route == "gateway" else "egressProxy"]
     assert budget == {"maxUnavailable": v["maxUnavailable"] if v["replicas"] > 1 else 0,
                       "selector": {"matchLabels": proxy["spec"]["selector"]["matchLabels"]}}
     assert budget["maxUnavailable"] < proxy["spec"]["replicas"]  # one stays up
@@ -425,7 +469,10 @@ def test_a_drain_takes_at_most_max_unavailable_proxy_pods(values):
 def test_a_single_proxy_replica_is_never_given_up_to_a_drain():
     """Before, with one replica the budget's maxUnavailable 1 let a drain take the only proxy
     pod, and every running session lost its route to the provider."""
-    budget = by_kind(render(sets=("egressProxy.replicas=1",)), "PodDisruptionBudget")["probe-runner-egress-proxy"]["spec"]
+    budget = by_kind(render(sets=("egressProxy.replicas=1", "gateway.enabled=false")),
+                     "PodDisruptionBudget")["probe-runner-egress-proxy"]["spec"]
+    assert budget["maxUnavailable"] == 0
+    budget = by_kind(render(sets=("gateway.replicas=1",)), "PodDisruptionBudget")["probe-runner-gateway"]["spec"]
     assert budget["maxUnavailable"] == 0
 
 
@@ -438,9 +485,13 @@ def test_notes_say_how_to_submit_and_pull_with_this_install():
                  "ConfigMap team-a-settings", "probe-runner submit plan.json --corpus",
                  "probe-runner status CAMPAIGN --watch", "probe-runner pull CAMPAIGN --dest"):
         assert line in notes, notes
-    assert "llm-gateway.internal.example:8443 alone" in notes
+    assert "Session pods may reach only the provider gateway team-a-gateway, which holds the key of\nSecret gateway-key" in notes
+    assert "https://llm-gateway.internal.example:8443. No session reads the key." in notes
+    proxied = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
+                   "-f", str(CHART / "ci" / "minio-values.yaml"), "--set", "gateway.enabled=false").stdout
+    assert "llm-gateway.internal.example:8443 alone, and read the provider credentials themselves" in proxied
     bare = helm("install", "x", str(CHART), "--dry-run=client").stdout
-    assert "WARNING: provider.credentialsSecret is empty" in bare
+    assert "WARNING: provider.credentialsSecret is empty: the gateway has no key and does not start." in bare
 
 
 # ---- k8s/: the plain manifests -------------------------------------------------------------------
@@ -474,7 +525,7 @@ def test_helm_test_runs_the_controllers_confinement_check(values):
     (pod,) = by_kind(objs, "Pod").values()
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     session = manifests.session_pod(s, parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "p"),
-                                    "HW-PRB-0007", "present-001", 1, "t", "http://10.96.0.10:3128")
+                                    "HW-PRB-0007", "present-001", 1, "t", manifests.Route("http://10.96.0.10:8080", token="t"))
     labels = {k: v for k, v in pod["metadata"]["labels"].items() if k in names.selector(s.kube.instance, names.SESSION_COMPONENT)}
     assert labels == names.selector(s.kube.instance, names.SESSION_COMPONENT)
     assert pod["spec"]["serviceAccountName"] == session["spec"]["serviceAccountName"]
@@ -482,6 +533,13 @@ def test_helm_test_runs_the_controllers_confinement_check(values):
     c = pod["spec"]["containers"][0]
     assert c["image"] == s.kube.harness_image and c["securityContext"] == manifests.container_security(s.kube.harness_uid)
     assert c["command"] == ["python3", "-m", "runner.entrypoints.canary", "--judge"]
-    built = canary.routes(s.provider.base_url, [], None, s.kube.canary_foreign_hosts, s.kube.canary_extra_targets)
+    built = canary.routes(s.provider.base_url, [], None, s.kube.canary_foreign_hosts, s.kube.canary_extra_targets,
+                          gateway=s.gateway.enabled)
     assert json.loads(base64.b64decode(c["args"][0])) == json.loads(base64.b64decode(canary.encode(built)))
-    assert (len(c["args"]) == 2) == bool(s.kube.provider_ca_configmap)
+    assert (len(c["args"]) == 2) == bool(s.kube.provider_ca_configmap and not s.gateway.enabled)
+    # the route's address, as the controller's canary gets it (the Service's ClusterIP, no DNS)
+    reach = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    if s.gateway.enabled:
+        assert reach["PROBE_GATEWAY"] == f"$(PROBE_RUNNER_GATEWAY_SERVICE_HOST):{s.gateway.port}" and "HTTPS_PROXY" not in reach
+    else:
+        assert reach["HTTPS_PROXY"] == "http://$(PROBE_RUNNER_EGRESS_PROXY_SERVICE_HOST):3128" and "PROBE_GATEWAY" not in reach

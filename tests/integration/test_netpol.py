@@ -28,8 +28,15 @@ from pathlib import Path
 import pytest
 
 from runner.k8s import names
-from runner.k8s.policy import provider_endpoint, proxy_endpoint, proxy_network_policy, session_network_policy
-from runner.settings import KubeSettings, ProviderSettings, Settings
+from runner.k8s.policy import (
+    gateway_endpoint,
+    gateway_network_policy,
+    provider_endpoint,
+    proxy_endpoint,
+    proxy_network_policy,
+    session_network_policy,
+)
+from runner.settings import GatewaySettings, KubeSettings, ProviderSettings, Settings
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "netpol" / "build.sh"
 # A cold build of the engine (client-go among its dependencies) takes minutes on 2 cores; a
@@ -203,7 +210,8 @@ class World:
 
 
 def settings(**kube) -> Settings:
-    return Settings(store="file:///tmp/x", kube=KubeSettings(**kube))
+    """An install without the gateway: the egress proxy's policies (the gateway's are below)."""
+    return Settings(store="file:///tmp/x", gateway=GatewaySettings(enabled=False), kube=KubeSettings(**kube))
 
 
 OTHER = dict(instance="r2", namespace="ns2", proxy_url="http://r2-egress-proxy:8080")
@@ -211,7 +219,7 @@ OTHER = dict(instance="r2", namespace="ns2", proxy_url="http://r2-egress-proxy:8
 
 @pytest.mark.parametrize("world", [
     pytest.param(lambda: World(settings()), id="defaults"),
-    pytest.param(lambda: World(Settings(store="file:///tmp/x", kube=KubeSettings(**OTHER),
+    pytest.param(lambda: World(Settings(store="file:///tmp/x", kube=KubeSettings(**OTHER), gateway=GatewaySettings(enabled=False),
                                         provider=ProviderSettings(base_url="https://llm.example.com:8443/v1"))),
                  id="other-install"),
 ])
@@ -221,6 +229,39 @@ def test_truth_table(netpol_eval, world):
     verdicts = evaluate(netpol_eval, w.policies, {row: conn for row, (conn, _) in table.items()})
     got = {row: denials(v, w.short) for row, v in verdicts.items()}
     assert got == {row: expected for row, (_, expected) in table.items()}
+
+
+def test_with_the_gateway_a_session_reaches_its_port_alone_and_only_sessions_reach_it(netpol_eval):
+    """The default install (issue 15): session pods' one route is the gateway's pods on the
+    gateway port; the gateway admits session pods alone, of this install, on that port; its
+    egress (the provider, the API server) is not NetworkPolicy's to narrow (asserted open, so a
+    change is seen here); nothing else of the proxy's table changes for the session."""
+    s = Settings(store="file:///tmp/x", kube=KubeSettings())
+    k, port = s.kube, gateway_endpoint(s)[1]
+    session = pod("10.244.1.10", k.namespace, names.session_labels(k.instance, "c", "HW-PRB-0007", "present-001", 1))
+    gateway = pod("10.244.1.50", k.namespace, names.component_labels(k.instance, names.GATEWAY_COMPONENT))
+    proxy = pod("10.244.1.20", k.namespace, names.component_labels(k.instance, names.PROXY_COMPONENT))
+    controller = pod("10.244.1.30", k.namespace, names.component_labels(k.instance, names.CONTROLLER_COMPONENT))
+    other = pod("10.244.2.10", k.namespace, names.session_labels(OTHER_INSTANCE, "c", "HW-PRB-0007", "present-001", 1))
+    kube_dns = pod("10.244.0.5", "kube-system", {"k8s-app": "kube-dns"})
+    policies = [session_network_policy(s), gateway_network_policy(s)]
+    short = {f"{k.namespace}/{policies[0]['metadata']['name']}": "session",
+             f"{k.namespace}/{policies[1]['metadata']['name']}": "gateway"}
+    rows = {
+        "session -> gateway, its port": ((session, gateway, port, "TCP"), frozenset()),
+        "session -> gateway, another port": ((session, gateway, port + 1, "TCP"), frozenset({"session egress", "gateway ingress"})),
+        "session -> gateway, UDP": ((session, gateway, port, "UDP"), frozenset({"session egress", "gateway ingress"})),
+        "session -> egress proxy": ((session, proxy, 3128, "TCP"), frozenset({"session egress"})),
+        "session -> cluster DNS": ((session, kube_dns, 53, "UDP"), frozenset({"session egress"})),
+        "session -> external address": ((session, host(EXTERNAL), 443, "TCP"), frozenset({"session egress"})),
+        "session -> metadata": ((session, host("169.254.169.254"), 80, "TCP"), frozenset({"session egress"})),
+        "controller -> gateway": ((controller, gateway, port, "TCP"), frozenset({"gateway ingress"})),
+        "another install's session -> gateway": ((other, gateway, port, "TCP"), frozenset({"gateway ingress"})),
+        "gateway -> external address, 443": ((gateway, host(EXTERNAL), 443, "TCP"), frozenset()),
+        "gateway -> session": ((gateway, session, 1234, "TCP"), frozenset({"session ingress"})),
+    }
+    verdicts = evaluate(netpol_eval, policies, {row: conn for row, (conn, _) in rows.items()})
+    assert {row: denials(v, short) for row, v in verdicts.items()} == {row: want for row, (_, want) in rows.items()}
 
 
 def test_an_allow_rule_of_another_policy_reopens_what_ours_close(netpol_eval):

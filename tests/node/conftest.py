@@ -176,7 +176,7 @@ def serve_provider(node: Any, work: Path) -> Iterator[Provider]:
     # The demo's scenarios, the channel attacks' (tests/integration/test_channel.py) and a long one.
     scenarios = json.loads((REPO / "runner" / "demo" / "scenarios.json").read_text())
     scenarios["scenarios"] += [*channel.SCENARIOS["scenarios"], LONG_SCENARIO]
-    with ScriptedProvider(scenarios, host=node.provider_ip, port=443, tls=ctx,
+    with ScriptedProvider(scenarios, host=node.provider_ip, port=443, tls=ctx, api_key="demo-key",
                           server_name=PROVIDER_HOST) as server:
         yield Provider(server, pki.ca.read_text(), pki.ca, server.base_url)
 
@@ -228,11 +228,12 @@ class Install:
 
 
 def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Path,
-                  concurrency: int = 2) -> Install:
+                  concurrency: int = 2, gateway: bool = True) -> Install:
     """The chart installed with the real helm into a namespace enforcing the restricted Pod
     Security Standard: provider https://api.provider.test with the throwaway CA as its
     caBundle, the bucket on moto, images as imported (pullPolicy Never), the canary's foreign
-    host and extra targets pointed at this node's other addresses."""
+    host and extra targets pointed at this node's other addresses; one gateway pod, or without
+    the gateway (``gateway`` false) one egress proxy pod."""
     import secrets
 
     helm = _helm_module()
@@ -258,6 +259,7 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
                     "canary": {"enabled": True, "intervalSeconds": 300, "foreignHosts": [OTHER_HOST],
                                "extraTargets": [f"{node.host_ip}:6443", f"{node.provider_ip}:443",
                                                 f"{node.other_ip}:80"]}},
+        "gateway": {"enabled": gateway, "replicas": 1},
         "egressProxy": {"replicas": 1},
         # The scripted provider has a private address here, as an on-prem provider would: the
         # proxy's egress names its range (by default private ranges are out of reach).
@@ -302,3 +304,10 @@ def bucket(real_node: Any) -> Iterator[tuple[str, Any]]:
 def install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
             ) -> Install:
     return install_chart(real_node, provider, bucket[0], tmp_path_factory.mktemp("values"))
+
+
+@pytest.fixture(scope="session")
+def proxy_install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
+                  ) -> Install:
+    """An install without the gateway (the credentials.json exception): the egress proxy's path."""
+    return install_chart(real_node, provider, bucket[0], tmp_path_factory.mktemp("values"), gateway=False)

@@ -1,8 +1,9 @@
 """End to end on the real node, as a user and an operator would do it: the chart installed with
 the real helm (restricted Pod Security), a campaign submitted with ``probe-runner submit``
 (bucket: moto on the host), the controller Job running real session pods from the built images
-(the real Claude Code CLI, against the scripted provider over TLS under its host name, through
-the egress proxy), ``status --watch`` to the end, verified transcripts pulled."""
+(the real Claude Code CLI, holding a token of its own attempt, through the provider gateway,
+which calls the scripted provider over TLS under its host name with the key),
+``status --watch`` to the end, verified transcripts pulled."""
 
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
         assert c["confinement_checks"] and all(ch["passed"] for ch in c["confinement_checks"])
         # Owned by the controller Job: the downward API gave the controller its Job's name.
         assert c["pod"]["owner"] == jobs.job_name(campaign), c["pod"]
+        # Every call went through the gateway, which metered it into the attempt's Lease.
+        assert c["gateway"]["calls"] >= 1 and not c["gateway"]["refused"], c["gateway"]
+    # The provider saw the key on every call, never a session's token (the sessions held no key).
+    assert {r["credential"] for r in provider.server.requests if r["path"].startswith("/v1/messages")} == {"key"}
     # The demo's superseding-decision sessions write their note into a 0700 directory (mkdir -m
     # 700, as mktemp -d makes): before, the reader's tar (another uid) could not enter it, the
     # session failed and its files were lost.
@@ -68,15 +73,15 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
     for t in transcripts:
         text = t.read_text()
         assert "Confinement was measured, not assumed" in text
-        assert "In every check each route was closed but the provider through the egress proxy" in text
+        assert "In every check each route was closed but the provider gateway, which answered." in text
 
 
 def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_path):
     """`probe-runner doctor --cluster` on the real node (issue 16, item 3): the chart's settings
-    and a ready proxy hold, and a canary pod finds every route closed but the provider through
-    the proxy. (KWOK's cluster tier can only say it was not measured.)"""
+    and a ready gateway hold, and a canary pod finds every route closed but the provider
+    gateway. (KWOK's cluster tier can only say it was not measured.)"""
     done = _cli(install.settings_env(tmp_path), "doctor", "--cluster", timeout=300)
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
     assert lines["ok   chart"].startswith(f"the chart is installed as {install.release}"), done.stdout + done.stderr
-    assert lines["ok   proxy"].endswith("egress proxy pod(s) ready"), done.stdout
-    assert lines["ok   cluster confinement"].startswith("a canary found every route closed but the provider"), done.stdout
+    assert lines["ok   route"] == "1 provider gateway pod(s) ready", done.stdout
+    assert lines["ok   cluster confinement"].startswith("a canary found every route closed but the provider gateway"), done.stdout

@@ -1,7 +1,8 @@
 """Real packets on the real node: a pod with the session pods' labels, under the chart's
-NetworkPolicies as kube-router enforces them, reaches the provider through the egress proxy
-and nothing else; the proxy pod reaches the provider port and nothing else; a foreign policy
-that selects session pods is refused before a campaign and stops one that runs.
+NetworkPolicies as kube-router enforces them, reaches the provider gateway and nothing else
+(and, on an install without the gateway, the provider through the egress proxy and nothing
+else; the proxy pod reaches the provider port and nothing else); a foreign policy that selects
+session pods is refused before a campaign and stops one that runs.
 
 The canary (runner/k8s/canary.py, the product's own check) does the trying, so this also
 tests the check itself against the real thing: each route must come out as it really is.
@@ -22,7 +23,7 @@ from test_channel import channel_plan_data  # noqa: E402  (tests/integration, on
 
 from runner.errors import UserError
 from runner.executors.kubernetes import KubernetesExecutor
-from runner.k8s import names
+from runner.k8s import manifests, names
 from runner.k8s.api import Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.settings import Settings
@@ -93,38 +94,71 @@ def _monitor(install, tmp_path, campaign: str) -> tuple[KubernetesExecutor, Conf
     settings = _settings(install, tmp_path)
     executor = KubernetesExecutor(settings, Kube(settings.kube))
     executor.preflight()
-    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.proxy_url, executor.foreign_policies)
+    assert executor.route is not None
+    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.route, executor.foreign_policies)
 
 
-def test_a_session_pod_reaches_the_provider_through_the_proxy_and_nothing_else(install, targets, provider, tmp_path):
+# kube-router rejects with an ICMP port unreachable, which a client sees as a refusal; the kernel
+# rate-limits those (about one a second per destination), so of routes tried at once some see the
+# reply and some time out: both are a closed route
+def _direct_routes(node) -> dict[str, tuple[str, ...]]:
+    return {"cluster DNS": DROPPED, "the API server by its ClusterIP": DROPPED,
+            "the API server on the node's address": DROPPED, "the kubelet on the node's address": DROPPED,
+            "the metadata service": DROPPED, "another pod": DROPPED,
+            f"{node.host_ip}:6443 directly": DROPPED, f"{node.provider_ip}:443 directly": DROPPED,
+            f"{node.other_ip}:80 directly": DROPPED}
+
+
+def _report(check) -> str:
+    return "\n".join(f"{r.name:55} {r.target:28} {'OPEN' if r.opened else 'closed'}  {r.detail}" for r in check.results)
+
+
+def _assert_closed(check, expected_closed: dict) -> None:
+    by_name, report = {r.name: r for r in check.results}, _report(check)
+    for name, why in expected_closed.items():
+        assert name in by_name, f"route {name!r} not tried:\n{report}"
+        r = by_name[name]
+        assert not r.opened, f"{name} is open:\n{report}"
+        assert any(w in r.detail for w in ((why,) if isinstance(why, str) else why)), f"{name}: {r.detail}\n{report}"
+
+
+def test_a_session_pod_reaches_the_provider_gateway_and_nothing_else(install, targets, provider, tmp_path):
+    """Issue 15: "session pods reach only it, in place of the CONNECT proxy". The canary, with
+    the session pods' labels and no token, finds every direct route closed (the provider's
+    address too) and the gateway answering. (That the gateway reaches the provider, over TLS
+    under its name, is the campaign's test: every session's calls go that way.)"""
     node = install.node
     _, monitor = _monitor(install, tmp_path, "packets")
     check = monitor.check()
-    by_name = {r.name: r for r in check.results}
-    report = "\n".join(f"{r.name:55} {r.target:28} {'OPEN' if r.opened else 'closed'}  {r.detail}"
-                       for r in check.results)
+    print(_report(check))
+    _assert_closed(check, _direct_routes(node))
+    assert [r.name for r in check.results if r.must_open] == ["the provider gateway"]
+    good = next(r for r in check.results if r.must_open)
+    assert good.opened and "answered HTTP/1.1 200" in good.detail, _report(check)
+    assert not [r for r in check.results if "proxy" in r.name], _report(check)  # no proxy is installed
+    assert check.passed, check.problem
+    assert check.settled_seconds is not None and check.settled_seconds < 30
+
+
+def test_a_session_pod_reaches_the_provider_through_the_proxy_and_nothing_else(proxy_install, targets, provider, tmp_path):
+    """Without the gateway (gateway.enabled false: a credentials.json login, the exception), the
+    session's one route is the egress proxy, which allows the provider host alone."""
+    install = proxy_install
+    node = install.node
+    _, monitor = _monitor(install, tmp_path, "packets")
+    check = monitor.check()
+    by_name, report = {r.name: r for r in check.results}, _report(check)
     print(report)
     # Every route the design names, each as a user would meet it.
     expected_closed = {
-        # kube-router rejects with an ICMP port unreachable, which a client sees as a refusal; the
-        # kernel rate-limits those (about one a second per destination), so of routes tried at
-        # once some see the reply and some time out: both are a closed route
-        "cluster DNS": DROPPED, "the API server by its ClusterIP": DROPPED,
-        "the API server on the node's address": DROPPED, "the kubelet on the node's address": DROPPED,
-        "the metadata service": DROPPED, "another pod": DROPPED,
-        f"{node.host_ip}:6443 directly": DROPPED, f"{node.provider_ip}:443 directly": DROPPED,
-        f"{node.other_ip}:80 directly": DROPPED,
+        **_direct_routes(node),
         # Squid refuses a name it does not allow by answering TLS with its own certificate
         f"{OTHER_HOST} through the egress proxy": "CERTIFICATE_VERIFY_FAILED",
         # and cuts a tunnel whose TLS server name is not the provider's
         "the provider under another TLS server name": "TLS to other.provider.test failed",
         "plain HTTP through the egress proxy": "the proxy refused: HTTP/1.1 403",
     }
-    for name, why in expected_closed.items():
-        assert name in by_name, f"route {name!r} not tried:\n{report}"
-        r = by_name[name]
-        assert not r.opened, f"{name} is open:\n{report}"
-        assert any(w in r.detail for w in ((why,) if isinstance(why, str) else why)), f"{name}: {r.detail}\n{report}"
+    _assert_closed(check, expected_closed)
     good = by_name["the provider through the egress proxy"]
     assert good.opened and f"TLS to {PROVIDER_HOST} verified, answered HTTP/1.1 200" in good.detail, report
     assert check.passed, check.problem
@@ -133,7 +167,8 @@ def test_a_session_pod_reaches_the_provider_through_the_proxy_and_nothing_else(i
     assert any(r["method"] == "HEAD" and r["headers"].get("host") == PROVIDER_HOST for r in provider.server.requests)
 
 
-def test_the_proxy_pod_reaches_the_provider_port_and_nothing_else(install, targets):
+def test_the_proxy_pod_reaches_the_provider_port_and_nothing_else(proxy_install, targets):
+    install = proxy_install
     node = install.node
     pods = json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l",
                                    "app.kubernetes.io/component=egress-proxy", "-o", "json").stdout)["items"]
@@ -162,7 +197,7 @@ def test_a_foreign_policy_selecting_session_pods_is_refused_and_measured(install
         with pytest.raises(UserError, match="NetworkPolicy allow-all-egress also selects session pods"):
             executor.preflight()
         # What the policy really opens, measured: kube-router applies it within seconds.
-        monitor = ConfinementMonitor(settings, executor.kube, "foreign", "http://%s:%s" % _proxy(node, install),
+        monitor = ConfinementMonitor(settings, executor.kube, "foreign", manifests.Route("http://%s:%s" % _gateway(node, install)),
                                      executor.foreign_policies)
         deadline = time.monotonic() + 60
         while True:
@@ -183,8 +218,8 @@ def allow_all_egress(name: str, namespace: str) -> dict:
                      "policyTypes": ["Egress"], "egress": [{}]}}
 
 
-def _proxy(node, install) -> tuple[str, int]:
-    svc = json.loads(node.kubectl("-n", install.namespace, "get", "service", f"{install.release}-egress-proxy",
+def _gateway(node, install) -> tuple[str, int]:
+    svc = json.loads(node.kubectl("-n", install.namespace, "get", "service", f"{install.release}-gateway",
                                   "-o", "json").stdout)
     return svc["spec"]["clusterIP"], svc["spec"]["ports"][0]["port"]
 
@@ -304,11 +339,12 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     assert "failed while this session ran" in refusal["reason"], refusal
 
 
-def test_the_egress_proxy_reaches_the_provider_port_at_the_provider_range_only(install, real_node):
+def test_the_egress_proxy_reaches_the_provider_port_at_the_provider_range_only(proxy_install, real_node):
     """Before, the proxy's policy allowed the provider's port at any address, so the proxy (and
     through a Squid misconfiguration, a session) could reach any host of the cluster's network
     on that port. Now its egress names the provider's range (the public internet by default):
     a listener on another host's port 443 stays out of reach, the provider's does not."""
+    install = proxy_install
     node = install.node
     probe = ("timeout 8 openssl s_client -connect {}:443 </dev/null 2>/dev/null | head -1")
     with listener(None, real_node.other_ip, 443):

@@ -58,7 +58,7 @@ def test_session_pod_complete(plan):
                                                       "owner_job": "controller-demo-0c1d", "owner_uid": "6f1c-uid",
                                                       "priority_class": "probe-sessions"})
     task = plan.probes[0].task
-    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task, "http://10.96.0.12:3128")
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task, manifests.Route("https://api.anthropic.com", proxy="http://10.96.0.12:3128"))
     name = names.object_name("probe-runner", "demo", "HW-PRB-0007", "present-001", 1)
     security = lambda uid: {  # noqa: E731
         "runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
@@ -176,11 +176,55 @@ def test_session_pod_complete(plan):
     }
 
 
+PROXY = manifests.Route("https://api.anthropic.com", proxy="http://10.96.0.12:3128")
+GATEWAY = manifests.Route("http://10.96.0.20:8080", token="prt1.claims.mac")
+
+
+def test_session_pod_through_the_gateway_holds_its_token_and_no_credential(plan):
+    """Through the gateway the harness gets the gateway by address as its base URL and the
+    attempt's token as its key: no proxy, no credentials Secret (not as a variable, not as a
+    volume), no provider CA (the gateway's TLS is its own); the reader is unchanged."""
+    settings = Settings(store="file:///tmp/s", kube={"credentials_secret": "provider", "provider_ca_configmap": "ca"})
+    task = plan.probes[0].task
+    via_proxy = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task, PROXY)
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, task, GATEWAY)
+    reader, harness = pod["spec"]["containers"]
+    assert reader == via_proxy["spec"]["containers"][0]
+    assert harness["env"] == [
+        {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"},
+        {"name": "HOME", "value": "/run/probe/config"},
+        {"name": "CLAUDE_CONFIG_DIR", "value": "/run/probe/config"},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "LANG", "value": "C.UTF-8"},
+        {"name": "ANTHROPIC_BASE_URL", "value": "http://10.96.0.20:8080"},
+        {"name": "ANTHROPIC_API_KEY", "value": "prt1.claims.mac"},
+        {"name": "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "value": "1"},
+        {"name": "DISABLE_AUTOUPDATER", "value": "1"},
+        {"name": "PROBE_TASK", "value": task},
+        {"name": "PROBE_SOCKET_DIR", "value": "/run/probe/socket"},
+        {"name": "PROBE_TIMEOUT_SECONDS", "value": "1800"},
+    ]
+    assert [m["name"] for m in harness["volumeMounts"]] == ["workspace", "config", "tmp", "socket"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["workspace", "config", "tmp", "socket", "capture"]
+    assert {k: v for k, v in pod.items() if k != "spec"} == {k: v for k, v in via_proxy.items() if k != "spec"}
+
+
+def test_canary_pod_reaches_the_route_of_session_pods(plan):
+    """The canary holds no token: through the gateway it is told the gateway's address
+    (its HEAD / must answer), through the proxy its HTTPS_PROXY."""
+    settings = Settings(store="file:///tmp/s")
+    env = lambda route: manifests.canary_pod(settings, "demo", 1, "e30=", route)["spec"]["containers"][0]["env"]  # noqa: E731
+    assert env(manifests.Route("http://10.96.0.20:8080"))[:2] == [
+        {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "PROBE_GATEWAY", "value": "10.96.0.20:8080"}]
+    assert env(PROXY)[:2] == [
+        {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "HTTPS_PROXY", "value": "http://10.96.0.12:3128"}]
+
+
 def test_session_pod_without_optional_parts(plan):
     """No credentials Secret, no runtime class, no spread: nothing of theirs appears, and the
     task never reaches the CLI's argv (only the entry point's environment)."""
     settings = Settings(store="file:///tmp/s", kube={"spread_max_skew": None})
-    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 3, "the task", "http://10.96.0.12:3128")
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 3, "the task", PROXY)
     spec = pod["spec"]
     assert {"runtimeClassName", "nodeSelector", "tolerations", "topologySpreadConstraints", "imagePullSecrets"}.isdisjoint(spec)
     assert [v["name"] for v in spec["volumes"]] == ["workspace", "config", "tmp", "socket", "capture"]
@@ -196,8 +240,8 @@ def test_session_pod_without_optional_parts(plan):
 def test_two_installs_in_one_namespace_never_share_a_pod_name(plan):
     """Before the instance was part of the name, install B's controller found install A's pod
     of the same campaign and session (409 AlreadyExists) and took it for its own."""
-    a = manifests.session_pod(Settings(store="file:///s", kube={"instance": "a"}), plan, "HW-PRB-0008", "absent-002", 1, "t", "http://p:1")
-    b = manifests.session_pod(Settings(store="file:///s", kube={"instance": "b"}), plan, "HW-PRB-0008", "absent-002", 1, "t", "http://p:1")
+    a = manifests.session_pod(Settings(store="file:///s", kube={"instance": "a"}), plan, "HW-PRB-0008", "absent-002", 1, "t", PROXY)
+    b = manifests.session_pod(Settings(store="file:///s", kube={"instance": "b"}), plan, "HW-PRB-0008", "absent-002", 1, "t", PROXY)
     assert a["metadata"]["name"] != b["metadata"]["name"]
     assert (a["spec"]["serviceAccountName"], b["spec"]["serviceAccountName"]) == ("a-session", "b-session")
 
@@ -263,9 +307,9 @@ def test_provider_ca_bundle_is_mounted_read_only_into_the_harness_alone(plan):
     """The chart's provider.caBundle (a TLS-inspecting gateway's CA) reaches the CLI as
     NODE_EXTRA_CA_CERTS from a read-only ConfigMap volume; without it nothing changes."""
     task = plan.probes[0].task
-    plain = manifests.session_pod(Settings(store="file:///tmp/s"), plan, "HW-PRB-0007", "present-001", 1, task, "http://p:3128")
+    plain = manifests.session_pod(Settings(store="file:///tmp/s"), plan, "HW-PRB-0007", "present-001", 1, task, PROXY)
     pod = manifests.session_pod(Settings(store="file:///tmp/s", kube={"provider_ca_configmap": "rel-provider-ca"}),
-                                plan, "HW-PRB-0007", "present-001", 1, task, "http://p:3128")
+                                plan, "HW-PRB-0007", "present-001", 1, task, PROXY)
     reader, harness = pod["spec"]["containers"]
     assert reader == plain["spec"]["containers"][0]
     assert pod["spec"]["volumes"] == plain["spec"]["volumes"] + [{"name": "provider-ca", "configMap": {
@@ -280,6 +324,6 @@ def test_the_capture_volume_has_a_budget_of_its_own(plan):
     """Before, the capture volume shared the harness's ephemeral-storage quantity with the
     workspace and /tmp; now its size is kube.capture_size_limit alone."""
     settings = Settings(store="file:///s", kube={"capture_size_limit": "5Gi", "resources": {"ephemeral_storage_limit": "1Gi"}})
-    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 1, "t", "http://p:1")
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 1, "t", PROXY)
     sizes = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["spec"]["volumes"] if "emptyDir" in v}
     assert sizes["capture"] == "5Gi" and sizes["workspace"] == sizes["tmp"] == "1Gi"

@@ -1,5 +1,6 @@
-"""The network confinement builders: NetworkPolicies, the Cilium alternative, the proxy URL of
-session pods, the foreign-policy check and the Squid configuration, against complete values."""
+"""The network confinement builders: NetworkPolicies, the Cilium alternative, the route URL of
+session pods (the gateway, or the egress proxy), the foreign-policy check and the Squid
+configuration, against complete values."""
 
 from __future__ import annotations
 
@@ -10,22 +11,24 @@ from runner.k8s.egress import squid_conf, squid_entrypoint
 from runner.k8s.policy import (
     cilium_fqdn_policy,
     foreign_policies_selecting,
+    gateway_network_policy,
     own_policy_names,
     provider_endpoint,
     proxy_network_policy,
-    proxy_service_name,
+    route_service_name,
     session_network_policy,
-    session_proxy_url,
+    session_route_url,
 )
-from runner.settings import KubeSettings, ProviderSettings, Settings
+from runner.settings import GatewaySettings, KubeSettings, ProviderSettings, Settings
 
 SESSION_POLICY = "probe-runner-session-policy-ff62673574"
 PROXY_POLICY = "probe-runner-egress-proxy-policy-ebb1edc508"
+GATEWAY_POLICY = "probe-runner-gateway-policy-8fe5c1370c"
 
 
-def settings(base_url="https://api.anthropic.com", proxy_url="http://probe-runner-egress-proxy:3128", **kube):
+def settings(base_url="https://api.anthropic.com", proxy_url="http://probe-runner-egress-proxy:3128", gateway=True, **kube):
     return Settings(store="file:///tmp/x", provider=ProviderSettings(base_url=base_url),
-                    kube=KubeSettings(proxy_url=proxy_url, **kube))
+                    gateway=GatewaySettings(enabled=gateway), kube=KubeSettings(proxy_url=proxy_url, **kube))
 
 
 def labels(component):
@@ -45,7 +48,7 @@ def selector(component):
 
 # ---- NetworkPolicies --------------------------------------------------------------------------
 
-def test_session_policy_denies_all_but_the_proxy_port():
+def test_session_policy_denies_all_but_the_gateway_port():
     assert session_network_policy(settings()) == {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -54,15 +57,23 @@ def test_session_policy_denies_all_but_the_proxy_port():
             "podSelector": {"matchLabels": selector("session")},
             "policyTypes": ["Ingress", "Egress"],
             "egress": [{
-                "to": [{"podSelector": {"matchLabels": selector("egress-proxy")}}],
-                "ports": [{"protocol": "TCP", "port": 3128}],
+                "to": [{"podSelector": {"matchLabels": selector("gateway")}}],
+                "ports": [{"protocol": "TCP", "port": 8080}],
             }],
         },
     }
 
 
-def test_session_policy_follows_instance_namespace_and_proxy_port():
-    got = session_network_policy(settings(proxy_url="http://px:8080", instance="r2", namespace="ns2"))
+def test_session_policy_without_the_gateway_denies_all_but_the_proxy_port():
+    got = session_network_policy(settings(gateway=False))
+    assert got["spec"]["egress"] == [{
+        "to": [{"podSelector": {"matchLabels": selector("egress-proxy")}}],
+        "ports": [{"protocol": "TCP", "port": 3128}],
+    }]
+
+
+def test_session_policy_follows_instance_namespace_and_route_port():
+    got = session_network_policy(settings(proxy_url="http://px:8080", instance="r2", namespace="ns2", gateway=False))
     assert got["metadata"] == {"name": "r2-session-policy-0a41bdf47b", "namespace": "ns2", "labels": {
         **labels("session"), "app.kubernetes.io/instance": "r2"}}
     assert got["spec"]["podSelector"] == {"matchLabels": {**selector("session"), "app.kubernetes.io/instance": "r2"}}
@@ -70,6 +81,27 @@ def test_session_policy_follows_instance_namespace_and_proxy_port():
         "to": [{"podSelector": {"matchLabels": {**selector("egress-proxy"), "app.kubernetes.io/instance": "r2"}}}],
         "ports": [{"protocol": "TCP", "port": 8080}],
     }]
+    got = session_network_policy(settings(gateway_url="http://gw:9000", instance="r2"))
+    assert got["spec"]["egress"] == [{
+        "to": [{"podSelector": {"matchLabels": {**selector("gateway"), "app.kubernetes.io/instance": "r2"}}}],
+        "ports": [{"protocol": "TCP", "port": 9000}],
+    }]
+
+
+def test_gateway_policy_admits_sessions_on_its_port_only():
+    assert gateway_network_policy(settings()) == {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": GATEWAY_POLICY, "namespace": "probe-runner", "labels": labels("gateway")},
+        "spec": {
+            "podSelector": {"matchLabels": selector("gateway")},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"podSelector": {"matchLabels": selector("session")}}],
+                "ports": [{"protocol": "TCP", "port": 8080}],
+            }],
+        },
+    }
 
 
 def test_proxy_policy_admits_sessions_and_reaches_provider_port_and_dns():
@@ -147,9 +179,10 @@ def test_cilium_policy_allows_provider_fqdn_and_intercepted_dns():
 
 def test_own_policy_names_are_the_built_ones():
     s = settings()
-    assert own_policy_names(s) == {SESSION_POLICY, PROXY_POLICY}
+    assert own_policy_names(s) == {SESSION_POLICY, PROXY_POLICY, GATEWAY_POLICY}
     assert own_policy_names(s) == {session_network_policy(s)["metadata"]["name"],
-                                   proxy_network_policy(s)["metadata"]["name"]}
+                                   proxy_network_policy(s)["metadata"]["name"],
+                                   gateway_network_policy(s)["metadata"]["name"]}
 
 
 # ---- provider and proxy addresses ---------------------------------------------------------------
@@ -182,41 +215,53 @@ def test_session_policy_does_not_need_an_https_provider():
 
 
 @pytest.mark.parametrize("url", ["https://px:3128", "http://px", "http://:3128", "socks5://px:1080"])
-def test_bad_proxy_url_refused(url):
-    with pytest.raises(UserError, match=r"^kube.proxy_url .*must be http://HOST:PORT"):
-        session_network_policy(settings(proxy_url=url))
+def test_bad_route_url_refused(url):
+    with pytest.raises(UserError, match=r"^kube.proxy_url .*must be http://HOST:PORT \(the egress proxy"):
+        session_network_policy(settings(proxy_url=url, gateway=False))
+    with pytest.raises(UserError, match=r"^kube.gateway_url .*must be http://HOST:PORT \(the provider gateway"):
+        session_network_policy(settings(gateway_url=url))
 
 
-def test_session_proxy_url_is_the_cluster_ip():
+def test_session_route_url_is_the_cluster_ip():
     s = settings()
-    assert proxy_service_name(s) == "probe-runner-egress-proxy"
-    assert session_proxy_url(s, "10.96.12.34") == "http://10.96.12.34:3128"
-    assert session_proxy_url(s, "fd00:10:96::12") == "http://[fd00:10:96::12]:3128"
+    assert route_service_name(s) == "probe-runner-gateway"
+    assert session_route_url(s, "10.96.12.34") == "http://10.96.12.34:8080"
+    assert session_route_url(s, "fd00:10:96::12") == "http://[fd00:10:96::12]:8080"
+    s = settings(gateway=False)
+    assert route_service_name(s) == "probe-runner-egress-proxy"
+    assert session_route_url(s, "10.96.12.34") == "http://10.96.12.34:3128"
 
 
-def test_session_proxy_url_keeps_an_address_and_needs_no_service():
-    s = settings(proxy_url="http://10.1.2.3:3128")
-    assert proxy_service_name(s) is None
-    assert session_proxy_url(s, None) == "http://10.1.2.3:3128"
+def test_session_route_url_keeps_an_address_and_needs_no_service():
+    s = settings(proxy_url="http://10.1.2.3:3128", gateway=False)
+    assert route_service_name(s) is None
+    assert session_route_url(s, None) == "http://10.1.2.3:3128"
+    s = settings(gateway_url="http://127.0.0.1:18080")
+    assert route_service_name(s) is None
+    assert session_route_url(s, None) == "http://127.0.0.1:18080"
 
 
 @pytest.mark.parametrize("ip", ["None", "", None])
-def test_headless_proxy_service_refused(ip):
-    with pytest.raises(UserError, match="egress proxy Service probe-runner-egress-proxy has no cluster IP"):
-        session_proxy_url(settings(), ip)
+def test_headless_route_service_refused(ip):
+    with pytest.raises(UserError, match="the Service probe-runner-gateway has no cluster IP"):
+        session_route_url(settings(), ip)
+    with pytest.raises(UserError, match="the Service probe-runner-egress-proxy has no cluster IP"):
+        session_route_url(settings(gateway=False), ip)
 
 
-def test_proxy_service_name_qualified_in_our_namespace_only():
-    assert proxy_service_name(settings(proxy_url="http://px.probe-runner.svc.cluster.local:3128")) == "px"
-    with pytest.raises(UserError, match="must be in namespace probe-runner, not other"):
-        proxy_service_name(settings(proxy_url="http://px.other.svc:3128"))
+def test_route_service_name_qualified_in_our_namespace_only():
+    assert route_service_name(settings(proxy_url="http://px.probe-runner.svc.cluster.local:3128", gateway=False)) == "px"
+    with pytest.raises(UserError, match="egress proxy Service must be in namespace probe-runner, not other"):
+        route_service_name(settings(proxy_url="http://px.other.svc:3128", gateway=False))
+    with pytest.raises(UserError, match="provider gateway Service must be in namespace probe-runner, not other"):
+        route_service_name(settings(gateway_url="http://gw.other:8080"))
 
 
 # ---- foreign policies -------------------------------------------------------------------------
 
 SESSION_POD = {**labels("session"), "probe-runner.io/campaign": "preflight", "probe-runner.io/probe": "preflight",
                "probe-runner.io/session": "preflight", "probe-runner.io/attempt": "1"}
-OWN = {SESSION_POLICY, PROXY_POLICY}
+OWN = {SESSION_POLICY, PROXY_POLICY, GATEWAY_POLICY}
 
 
 def policy(name, pod_selector, **spec):
@@ -234,7 +279,7 @@ def foreign(*policies):
 
 def test_our_own_policies_are_not_foreign():
     s = settings()
-    assert foreign(session_network_policy(s), proxy_network_policy(s)) == []
+    assert foreign(session_network_policy(s), proxy_network_policy(s), gateway_network_policy(s)) == []
 
 
 def test_a_policy_named_like_ours_in_another_install_is_foreign():

@@ -11,6 +11,8 @@ the release name.
 {{- define "probe-runner.settingsName" -}}{{ .Release.Name }}-settings{{- end }}
 {{- define "probe-runner.proxyName" -}}{{ .Release.Name }}-egress-proxy{{- end }}
 {{- define "probe-runner.providerCAName" -}}{{ .Release.Name }}-provider-ca{{- end }}
+{{- define "probe-runner.gatewayName" -}}{{ .Release.Name }}-gateway{{- end }}
+{{- define "probe-runner.gatewaySecretName" -}}{{ .Values.gateway.existingSecret | default (include "probe-runner.gatewayName" .) }}{{- end }}
 
 {{/* The selector of one component: include "probe-runner.selector" (dict "root" $ "component" "x") */}}
 {{- define "probe-runner.selector" -}}

@@ -1,0 +1,291 @@
+"""The provider gateway of an install (issue 15's Kubernetes half), as the chart's Deployment
+runs it: ``probe-runner gateway`` in its own process, watching session pods and keeping Leases
+through the real API server of ``kube_cluster``, forwarding to the scripted provider on loopback.
+
+A token is served while its attempt's pod runs; a gateway restarted with another pod name
+carries what the first one metered, so a session's limit holds across it; and a whole campaign
+of the real CLI runs through it (on SimNode), its sessions holding a token and never the key,
+with the gateway killed and started again while it runs.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from runner import demo
+from runner.demo.provider import ScriptedProvider
+from runner.gateway import tokens
+from runner.gateway.cluster import meters_of, total
+from runner.k8s import manifests, names
+from runner.k8s.api import Kube
+from runner.ledger import Ledger
+from runner.plan import parse_plan
+from runner.settings import KubeSettings, load_settings
+from runner.store import open_store
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ports import free_port  # noqa: E402  (tests/ is on sys.path: tests/conftest.py)
+from simnode import SimNode  # noqa: E402
+
+MODEL = "claude-sonnet-4-5-20250929"
+SIDE = "side call please"
+KEY = "demo-key"
+SIDE_SCENARIOS = {"scenarios": [
+    {"name": "side", "match": SIDE, "model": MODEL, "usage": {"input_tokens": 100000, "output_tokens": 1000},
+     "turns": [{"text": "side answer"}]}]}  # $0.315 a call at Sonnet's list price
+SIDE_BODY = json.dumps({"model": MODEL, "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+                        "messages": [{"role": "user", "content": SIDE}]}).encode()
+
+
+def _uid() -> str:
+    return secrets.token_hex(3)
+
+
+@pytest.fixture(scope="module")
+def nodes(kube_cluster) -> list[str]:
+    return kube_cluster.add_nodes(4, prefix=f"gw-{_uid()}")
+
+
+@pytest.fixture
+def namespace(kube_cluster) -> Iterator[str]:
+    name = kube_cluster.create_namespace(f"gw-{_uid()}")
+    kube_cluster.apply({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+                        "metadata": {"name": names.session_service_account("probe-runner"), "namespace": name}})
+    yield name
+    client.CoreV1Api(kube_cluster.api_client()).delete_namespace(name, propagation_policy="Background")
+
+
+class GatewayProcess:
+    """``probe-runner gateway`` as the chart's Deployment runs it: its settings from the
+    environment, its own pod name, the key and the token secret; on loopback here."""
+
+    def __init__(self, kube_cluster, namespace: str, upstream: str, secret: bytes, pod_name: str, port: int) -> None:
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
+        self.log = Path(tempfile.mkstemp(prefix=f"{pod_name}-", suffix=".log")[1])
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        env.update({"RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig), "RUNNER_KUBE__NAMESPACE": namespace,
+                    "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": KEY,
+                    "RUNNER_GATEWAY__TOKEN_SECRET": secret.decode(), "RUNNER_GATEWAY__PORT": str(port),
+                    "RUNNER_GATEWAY__DRAIN_SECONDS": "1", "RUNNER_LOG__LEVEL": "info", "POD_NAME": pod_name})
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "runner", "gateway"], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.proc.poll() is None, f"the gateway exited {self.proc.returncode}: {self.text()}"
+            try:
+                if _request(self.url, "GET", "/", None)[0] == 200:  # the chart's readiness probe
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"the gateway did not serve within 60 s: {self.text()}"
+            time.sleep(0.2)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(30)
+
+
+def _request(url: str, method: str, path: str, token: str | None, body: bytes = b"") -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        headers = {"content-type": "application/json", "anthropic-version": "2023-06-01",
+                   **({"x-api-key": token} if token else {})}
+        conn.request(method, path, body=body or None, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _token(secret: bytes, campaign: str, limit: str | None = None, call: str = "0.5") -> str:
+    return tokens.mint(secret, tokens.Claims(campaign, "HW-PRB-0007", "present-001", 1, int(time.time()) + 600, limit, call))
+
+
+def _session_pod(kube: Kube, campaign: str) -> str:
+    settings = load_settings(store="file:///unused", kube={"namespace": kube.namespace})
+    data = json.loads(demo.PLAN.read_text())
+    data["campaign"] = campaign
+    pod = manifests.session_pod(settings, parse_plan(data, "plan"), "HW-PRB-0007", "present-001", 1, "task",
+                                manifests.Route("http://127.0.0.1:1", token="t"))
+    kube.create_pod(pod)
+    return pod["metadata"]["name"]
+
+
+def _wait(what: str, ok, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while not (got := ok()):
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.2)
+    return got
+
+
+def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_after(kube_cluster, nodes, namespace):
+    """Issue 15: a token "valid only while that attempt runs and revoked when its outcome is
+    journaled". On Kubernetes the attempt runs while its pod does (the controller deletes it
+    once the outcome is journaled): before the pod exists and after it is deleted the token is
+    refused, with the reason in the gateway's log; meanwhile its calls are forwarded with the
+    key and metered into the attempt's Lease, owned by the pod."""
+    secret = secrets.token_hex(24).encode()
+    kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
+    campaign = f"gw-{_uid()}"
+    token = _token(secret, campaign)
+    with ScriptedProvider(SIDE_SCENARIOS, api_key=KEY) as provider:
+        gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port())
+        try:
+            status, body = _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY)
+            assert status == 401 and b"the attempt has no session pod (it ended)" in body, body
+            pod = _session_pod(kube, campaign)
+            status, body = _wait("a served call", lambda: (r := _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY))[0] == 200 and r)
+            assert json.loads(body)["usage"]["input_tokens"] == 100000
+            assert {r["credential"] for r in provider.requests if r["path"].startswith("/v1/messages")} == {"key"}
+            # the call was in the Lease, in flight, before it was forwarded; then its answer's usage
+            (meter,) = _wait("the answered call in the attempt's Lease", lambda: (
+                m := meters_of(kube.lease_annotations(pod) or {})) and m[0]["calls"] == 1 and m)
+            assert meter == {"calls": 1, "usage": {"input_tokens": 100000, "output_tokens": 1000,
+                                                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                             "cost_usd": "0.315", "unpriced_models": [], "refused": 1,  # the call before the pod
+                             "in_flight": 0, "call_usd": "0.5"}
+            owner = client.CoordinationV1Api(kube_cluster.api_client()).read_namespaced_lease(pod, namespace)
+            assert [(o.kind, o.name) for o in owner.metadata.owner_references] == [("Pod", pod)]
+            kube.delete_pod(pod, grace_seconds=0)
+            _wait("the refusal of an ended attempt", lambda: _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 401)
+            # another campaign's token, a forged one and a path outside the allow-list, each with its reason
+            assert _request(gw.url, "POST", "/v1/messages", _token(b"not-the-secret" * 3, campaign), SIDE_BODY)[0] == 401
+            assert _request(gw.url, "GET", "/v1/files", token)[0] == 401  # the token first: the attempt has ended
+        finally:
+            gw.stop()
+    log = gw.text()
+    assert f"refused POST /v1/messages ({campaign}/HW-PRB-0007/present-001#1): token refused: the attempt has no session pod" in log
+    assert "token refused: forged: the signature does not match" in log
+
+
+def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_cluster, nodes, namespace):
+    """Issue 15: "a gateway restart does not fail running sessions", and the limit at the
+    gateway "so side calls count" must survive it. Gateway A meters one $0.315 call of a
+    session limited to $0.5 and is killed (SIGKILL: nothing is flushed at exit); gateway B, a new
+    pod, admits one more call (0.315 < 0.5) and refuses the next, and the controller's sum of the
+    Lease is both calls. Before the Lease, B started from nothing and admitted two more."""
+    secret = secrets.token_hex(24).encode()
+    kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
+    campaign = f"gw-{_uid()}"
+    token = _token(secret, campaign, limit="0.5", call="0.5")
+    with ScriptedProvider(SIDE_SCENARIOS, api_key=KEY) as provider:
+        pod = _session_pod(kube, campaign)
+        a = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port())
+        try:
+            _wait("a served call", lambda: _request(a.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 200)
+            _wait("A's answered call in the Lease", lambda: (m := meters_of(kube.lease_annotations(pod) or {}))
+                  and m[0]["calls"] == 1)
+        finally:
+            a.stop(signal.SIGKILL)
+        b = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-b", free_port())
+        try:
+            assert _request(b.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 200
+            status, body = _request(b.url, "POST", "/v1/messages", token, SIDE_BODY)
+            assert status == 403 and tokens.LIMIT_SPENT.encode() in body, body
+            assert b"$0.630 metered" in body, body
+        finally:
+            b.stop()  # SIGTERM: what is left is written before it exits
+        both = meters_of(kube.lease_annotations(pod) or {})
+    assert total(both) == {"calls": 2, "usage": {"input_tokens": 200000, "output_tokens": 2000,
+                                                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                           "cost_usd": "0.630", "unpriced_models": [], "refused": 1}
+
+
+@pytest.fixture
+def sim_root():
+    d = Path(tempfile.mkdtemp(prefix="simnode-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+@pytest.fixture(scope="module")
+def claude_path() -> str:
+    found = shutil.which("claude")
+    if not found:
+        pytest.fail("the Claude Code CLI is not on PATH (.ci/setup installs it)", pytrace=False)
+    return os.path.realpath(found)
+
+
+def test_a_campaign_of_the_real_cli_runs_through_the_gateway_across_its_restart(kube_cluster, nodes, namespace, sim_root,
+                                                                                tmp_path, claude_path):
+    """The demo campaign (8 sessions, the real CLI on SimNode) through `probe-runner gateway`:
+    every session pod holds a token of its own attempt and no credential (no Secret is named
+    in it), every request reaches the provider with the key, each capture record keeps the
+    gateway's meter, equal to the stream's cost; and the gateway is killed and started again
+    (as a new pod) after the first session's calls, which the CLI's own retries ride out."""
+    secret = secrets.token_hex(24).encode()
+    port = free_port()
+    store = (tmp_path / "store").as_uri()
+    data = json.loads(demo.PLAN.read_text())
+    data["campaign"] = f"gw-{_uid()}"
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(data))
+    kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
+    with ScriptedProvider(json.loads(demo.SCENARIOS.read_text()), api_key=KEY) as provider, \
+            SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]) as sim:
+        gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", port)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        env.update({"RUNNER_STORE": store, "RUNNER_KUBE__NAMESPACE": namespace,
+                    "RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig), "RUNNER_KUBE__START_TIMEOUT_SECONDS": "30",
+                    "RUNNER_KUBE__CANARY_ENABLED": "false",  # KWOK runs no container: tests/node measures it
+                    "RUNNER_KUBE__GATEWAY_URL": gw.url, "RUNNER_GATEWAY__TOKEN_SECRET": secret.decode(),
+                    "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work")})
+        run = subprocess.Popen([sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS),
+                                "--executor", "kubernetes", "--concurrency", "4"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _wait("a metered call", lambda: any(meters_of(lease["metadata"].get("annotations") or {})
+                                                for lease in kube.list_leases(names.selector_string(
+                                                    names.selector("probe-runner", names.GATEWAY_COMPONENT)))), 120)
+            gw.stop(signal.SIGKILL)
+            gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-b", port)
+            out, err = run.communicate(timeout=300)
+        finally:
+            run.kill()
+            gw.stop()
+        assert run.returncode == 0, err + out + "\n".join(sim.errors) + sim.logs() + gw.text()
+        harness_env = [e for spec in sim.specs.values() for e in spec["containers"][1]["env"]]
+        assert {e["value"] for e in harness_env if e["name"] == "ANTHROPIC_BASE_URL"} == {gw.url}
+        assert all(e["value"].startswith("prt1.") for e in harness_env if e["name"] == "ANTHROPIC_API_KEY")
+        assert not [e for e in harness_env if "valueFrom" in e] and KEY not in json.dumps(list(sim.specs.values()))
+        assert {r["credential"] for r in provider.requests if r["path"].startswith("/v1/")} == {"key"}
+    assert "refused:" not in out, out
+    st = open_store(store)
+    ledger = Ledger(st, data["campaign"])
+    assert not ledger.verify()
+    assert {s.status for s in ledger.sessions().values()} == {"succeeded"}
+    for key, state in ledger.sessions().items():
+        capture = json.loads(st.get(f"campaigns/{data['campaign']}/sessions/{key}/capture.json"))
+        meter = capture["gateway"]
+        stream = Decimal(str(json.loads(st.get(capture["stream"]["key"]).splitlines()[-1])["total_cost_usd"]))
+        metered = Decimal(meter["cost_usd"])
+        assert meter["calls"] >= 1 and Decimal(state.detail["cost_usd"]) == max(stream, metered), meter  # the books
+        # A call the kill cut counts at call_usd ($2, the default): the most it could have cost.
+        cut = meter.get("cut_calls", 0)
+        assert stream - Decimal("1e-6") <= metered <= stream + cut * Decimal("2.0") + Decimal("1e-6"), (meter, stream)
+        if not cut:
+            assert abs(metered - stream) < Decimal("1e-6"), (meter, stream)
+    assert "gateway" in st.get(f"campaigns/{data['campaign']}/transcripts/campaign-present.md").decode()
