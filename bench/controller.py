@@ -96,6 +96,7 @@ def main() -> int:
                    "RUNNER_KUBE__KUBECONFIG": str(cluster.kubeconfig), "RUNNER_KUBE__CREDENTIALS_SECRET": "provider",
                    "RUNNER_PROVIDER__API_KEY": "k", "RUNNER_LOCAL__WORKDIR": str(base / f"work-{side}"),
                    "RUNNER_KUBE__CANARY_ENABLED": "false",  # KWOK runs no container to measure with
+                   "RUNNER_GATEWAY__ENABLED": "false",  # the egress proxy's path: gateway_cluster.py measures the gateway
                    "PYTHONPATH": str(REPO)}
             if side == "controller":
                 argv = [sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(demo.CORPUS),

@@ -21,7 +21,7 @@ from runner.entrypoints.pod import deliver_argv
 from runner.executors.kubernetes import _workspace_tar
 from runner.k8s import manifests, podstate
 from runner.k8s.api import ExecError, Kube
-from runner.k8s.policy import proxy_service_name, session_proxy_url
+from runner.k8s.policy import route_service_name, session_route_url
 from runner.plan import load_plan
 from runner.seal import seal
 from runner.settings import load_settings
@@ -33,7 +33,8 @@ def main(plan_path: str, corpus: str, store_dir: str, concurrency: str) -> int:
     settings = load_settings()
     plan = load_plan(Path(plan_path))
     kube = Kube(settings.kube)
-    proxy = session_proxy_url(settings, kube.service_address(proxy_service_name(settings))[0])
+    proxy = manifests.Route(settings.provider.base_url,
+                            proxy=session_route_url(settings, kube.service_address(route_service_name(settings))[0]))
     out = Path(store_dir)
     out.mkdir(parents=True, exist_ok=True)
 

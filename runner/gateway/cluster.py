@@ -107,11 +107,15 @@ def total(meters: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class SessionPods:
-    """Which attempts run, from a watch of this install's session pods (every campaign)."""
+    """Which attempts run, from ``cache``: a watch of this install's session pods (``watching``)."""
 
-    def __init__(self, kube: Kube, instance: str) -> None:
-        self.instance = instance
-        self.cache = PodCache(kube, names.selector_string(names.selector(instance, names.SESSION_COMPONENT)))
+    def __init__(self, cache: PodCache, instance: str) -> None:
+        self.cache, self.instance = cache, instance
+
+    @classmethod
+    def watching(cls, kube: Kube, instance: str) -> SessionPods:
+        """Every campaign's session pods of the install (the watch is started by the caller)."""
+        return cls(PodCache(kube, names.selector_string(names.selector(instance, names.SESSION_COMPONENT))), instance)
 
     def pod(self, claims: Claims) -> dict[str, Any] | None:
         pod = self.cache.get(manifests.pod_name(self.instance, claims.campaign, claims.probe, claims.session,
@@ -249,7 +253,7 @@ def serve(settings: Settings) -> None:
     check_upstream(s.provider.base_url)
     me = os.environ.get("POD_NAME") or socket.gethostname()
     kube = Kube(k)
-    pods = SessionPods(kube, k.instance)
+    pods = SessionPods.watching(kube, k.instance)
     pods.cache.start()
     meters = LeaseMeters(kube, k.instance, pods, me)
     ca_file = f"{manifests.PROVIDER_CA_DIR}/ca.crt" if k.provider_ca_configmap else None

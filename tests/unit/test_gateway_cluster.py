@@ -1,0 +1,114 @@
+"""The install's gateway, its pure parts (runner/gateway/cluster.py): the Lease it keeps an
+attempt's meter in, the sum the controller makes of it, which attempts it serves; and the
+canary's routes through it (runner/k8s/canary.py), against complete values."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from runner.gateway import tokens
+from runner.gateway.cluster import SessionPods, carried_usd, meter_lease, meters_of, total
+from runner.k8s import canary, names
+
+CLAIMS = tokens.Claims("c1", "HW-PRB-0007", "present-001", 1, 2_000_000_000, "0.5", "0.25")
+POD = {"metadata": {"name": "probe-runner-c1-hw-prb-0007-present-001-1-0123456789", "uid": "pod-uid",
+                    "annotations": {names.CAMPAIGN: "c1", names.PROBE: "HW-PRB-0007", names.SESSION: "present-001",
+                                    names.ATTEMPT: "1"}},
+       "status": {"containerStatuses": [{"name": "harness", "state": {"running": {}}}]}}
+USAGE = {"input_tokens": 100, "output_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 5}
+
+
+def state(cost: str, calls: int, in_flight: int, refused: int = 0, unpriced: tuple[str, ...] = ()) -> dict:
+    return {"calls": calls, "usage": dict(USAGE), "cost_usd": cost, "unpriced_models": list(unpriced),
+            "refused": refused, "in_flight": in_flight}
+
+
+def test_the_lease_of_an_attempt_carries_one_gateway_pods_meter_and_is_owned_by_the_session_pod():
+    lease = meter_lease("probe-runner", "ns", POD, "gateway-7f9c-abcde", CLAIMS, state("0.315", 1, 0))
+    assert lease == {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": POD["metadata"]["name"],
+            "namespace": "ns",
+            "labels": {"app.kubernetes.io/name": "probe-runner", "app.kubernetes.io/instance": "probe-runner",
+                       "app.kubernetes.io/component": "gateway", "app.kubernetes.io/part-of": "probe-runner",
+                       "app.kubernetes.io/managed-by": "probe-runner", "probe-runner.io/campaign": "c1"},
+            "annotations": {"meter.probe-runner.io/gateway-7f9c-abcde": json.dumps(
+                {**state("0.315", 1, 0), "call_usd": "0.25"}, sort_keys=True, separators=(",", ":"))},
+            # deleted with the pod, when the controller deletes it after journaling the outcome
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": POD["metadata"]["name"], "uid": "pod-uid"}],
+        },
+        "spec": {},
+    }
+    assert meters_of(lease["metadata"]["annotations"]) == [{**state("0.315", 1, 0), "call_usd": "0.25"}]
+
+
+def test_the_controllers_sum_counts_each_gateway_and_a_call_cut_in_flight_at_the_most_one_call_costs():
+    """A gateway pod killed mid-call left that call in flight in its annotation: its usage was
+    never read, so it counts at call_usd, and the record says how many were cut."""
+    a = {**state("0.315", 1, 1, refused=1), "call_usd": "0.25"}
+    b = {**state("0.200", 2, 0, unpriced=("claude-x",)), "call_usd": "0.25"}
+    assert carried_usd([a, b]) == Decimal("0.765")
+    assert total([a, b]) == {
+        "calls": 3, "usage": {k: 2 * v for k, v in USAGE.items()}, "cost_usd": "0.765",
+        "unpriced_models": ["claude-x"], "refused": 1, "cut_calls": 1}
+    assert total([]) == {"calls": 0, "usage": dict.fromkeys(USAGE, 0), "cost_usd": "0", "unpriced_models": [], "refused": 0}
+
+
+@pytest.mark.parametrize("value", ["not json", json.dumps({"calls": 1}), json.dumps({**state("x", 1, 0), "call_usd": "1"})])
+def test_an_annotation_that_is_not_a_meter_is_skipped(value):
+    assert meters_of({"meter.probe-runner.io/g": value, "other.io/x": "1"}) == []
+
+
+class _Cache:
+    def __init__(self, pod: dict | None) -> None:
+        self.pod = pod
+
+    def get(self, name: str) -> dict | None:
+        return self.pod if self.pod is not None and self.pod["metadata"]["name"] == name else None
+
+
+def _pods(pod: dict | None) -> SessionPods:
+    return SessionPods(_Cache(pod), "probe-runner")  # type: ignore[arg-type]  (the cache's get alone)
+
+
+def _named(pod: dict) -> dict:
+    """POD under the name the controller gives an attempt's pod."""
+    from runner.k8s import manifests
+
+    name = manifests.pod_name("probe-runner", CLAIMS.campaign, CLAIMS.probe, CLAIMS.session, CLAIMS.attempt)
+    return {**pod, "metadata": {**pod["metadata"], "name": name}}
+
+
+def test_an_attempt_is_served_while_its_pod_runs_and_its_harness_has_not_ended():
+    assert _pods(_named(POD)).ended(CLAIMS) is None
+    assert _pods(None).ended(CLAIMS) == "the attempt has no session pod (it ended)"
+    deleting = _named({**POD, "metadata": {**POD["metadata"], "deletionTimestamp": "2026-12-04T10:00:00Z"}})
+    assert _pods(deleting).ended(CLAIMS) == "the attempt's session pod is being deleted"
+    ended = _named({**POD, "status": {"containerStatuses": [{"name": "harness", "state": {"terminated": {"exitCode": 0}}}]}})
+    assert _pods(ended).ended(CLAIMS) == "the attempt's harness has ended"
+    # A pod of that name whose annotations name another attempt (never ours) serves nothing.
+    other = _named({**POD, "metadata": {**POD["metadata"], "annotations": {**POD["metadata"]["annotations"], names.ATTEMPT: "2"}}})
+    assert _pods(other).ended(CLAIMS) == "the attempt has no session pod (it ended)"
+
+
+def test_the_canarys_routes_through_the_gateway():
+    """With the gateway, the one route that must answer is the gateway itself; the proxy's
+    routes are not tried (there is no proxy)."""
+    got = canary.routes("https://api.anthropic.com", ["160.79.104.10"], "10.244.0.9:8081", ["example.com"],
+                        ["10.0.0.5:5432"], gateway=True)
+    assert got == [
+        canary.Route("cluster DNS", "dns", "{dns}"),
+        canary.Route("the API server by its ClusterIP", "tcp", "{api}"),
+        canary.Route("the API server on the node's address", "tcp", "{node}:6443"),
+        canary.Route("the kubelet on the node's address", "tcp", "{node}:10250"),
+        canary.Route("the metadata service", "tcp", "169.254.169.254:80"),
+        canary.Route("another pod", "tcp", "10.244.0.9:8081"),
+        canary.Route("the provider directly", "tcp", "160.79.104.10:443"),
+        canary.Route("10.0.0.5:5432 directly", "tcp", "10.0.0.5:5432"),
+        canary.Route("the provider gateway", "http", "{gateway}", must_open=True),
+    ]
