@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import tempfile
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -143,9 +142,11 @@ class ThrottleSettings(BaseModel):
 
 class LocalSettings(BaseModel):
     workdir: Path = Field(
-        # a factory: gettempdir() at import would fail the runner image's read-only root wherever
-        # no temp directory is mounted (the session pod's reader), although nothing there uses it
-        default_factory=lambda: Path(tempfile.gettempdir()) / "probe-runner",
+        # named, never probed: tempfile.gettempdir() raises where no directory is writable (the
+        # runner image's read-only root in a pod that mounts no /tmp: the gateway, the reader),
+        # although nothing there uses it
+        default_factory=lambda: Path(os.environ.get("TMPDIR") or os.environ.get("TEMP") or os.environ.get("TMP")
+                                     or "/tmp") / "probe-runner",
         description="Scratch directory for sealed workspaces and configuration directories of the "
         "local executor; must lie outside $HOME. Default: <system temp>/probe-runner.",
     )

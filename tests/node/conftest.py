@@ -265,8 +265,15 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
         # proxy's egress names its range (by default private ranges are out of reach).
         "networkPolicy": {"providerIPBlocks": [{"cidr": f"{node.provider_ip}/32"}]},
     }))
-    helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
-              "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
+    try:
+        helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
+                  "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
+    except AssertionError as e:  # say why a pod of the install is not ready: its state and its last log lines
+        seen = [node.kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout]
+        for pod in node.kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split():
+            seen.append(node.kubectl("-n", ns, "describe", pod, check=False).stdout[-3000:])
+            seen.append(node.kubectl("-n", ns, "logs", pod, "--all-containers", "--tail=30", check=False).stdout)
+        raise AssertionError(f"{e}\n" + "\n".join(seen)) from None
     return Install(ns, release, node, bucket_endpoint)
 
 
