@@ -69,7 +69,9 @@ class Meter:
     unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
     refused: int = 0
     in_flight: int = 0  # calls forwarded and not yet answered whole
-    carried: Decimal = Decimal(0)  # what other gateway replicas metered of the attempt, in flight at most call_usd each
+    # What other gateway pods metered of the attempt (a call in flight at call_usd), read once
+    # before its first call here; None: not read yet (or not asked: a local run's gateway).
+    carried: Decimal | None = None
 
     def record(self) -> dict[str, Any]:
         return {"calls": self.calls, "usage": dict(self.usage), "cost_usd": str(self.usd),
@@ -254,14 +256,18 @@ class Gateway:
                 return self._refuse(request, claims, 400, "invalid_request_error",
                                     f"model {model!r} has no price at the gateway (gateway.prices), so its calls could not "
                                     "be held to the session's limit")
-        if metered and self.carried is not None and claims.attempt_key not in self.meters:
-            carried = await asyncio.to_thread(self.carried, claims)
+        if metered and self.carried is not None:
             with self._lock:
-                self.meters.setdefault(claims.attempt_key, Meter(carried=carried))
+                unread = self.meters.setdefault(claims.attempt_key, Meter()).carried is None
+            if unread:  # before its first call here, whatever was refused before
+                carried = await asyncio.to_thread(self.carried, claims)
+                with self._lock:
+                    meter = self.meters[claims.attempt_key]
+                    meter.carried = carried if meter.carried is None else meter.carried
         if metered and not self._admit(claims):
             meter = self.meters[claims.attempt_key]
             return self._refuse(request, claims, 403, "permission_error",
-                                f"{LIMIT_SPENT} (${claims.limit()}; ${meter.carried + meter.usd} metered, {meter.in_flight} call(s) in flight "
+                                f"{LIMIT_SPENT} (${claims.limit()}; ${(meter.carried or 0) + meter.usd} metered, {meter.in_flight} call(s) in flight "
                                 f"at up to ${claims.call()} each)")
         flight = _Flight(self, claims, metered)
         try:
@@ -282,7 +288,7 @@ class Gateway:
         limit = claims.limit()
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
-            if limit is not None and meter.carried + meter.usd + meter.in_flight * claims.call() >= limit:
+            if limit is not None and (meter.carried or 0) + meter.usd + meter.in_flight * claims.call() >= limit:
                 return False
             meter.in_flight += 1
         self._changed(claims)

@@ -292,8 +292,10 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, r
     message."""
     k = settings.kube
     reach = {"HTTPS_PROXY": route.proxy} if route.proxy else {"PROBE_GATEWAY": route.gateway or ""}
-    volumes, mounts = _provider_ca_volumes(k), _provider_ca_mounts(k)
-    args = [routes_b64, *([f"{PROVIDER_CA_DIR}/ca.crt"] if k.provider_ca_configmap else [])]
+    # The provider's CA only where the canary speaks TLS to the provider itself (through the proxy).
+    ca = bool(k.provider_ca_configmap and route.proxy)
+    volumes, mounts = (_provider_ca_volumes(k), _provider_ca_mounts(k)) if ca else ([], [])
+    args = [routes_b64, *([f"{PROVIDER_CA_DIR}/ca.crt"] if ca else [])]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": 120,

@@ -156,7 +156,14 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
             status, body = _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY)
             assert status == 401 and b"the attempt has no session pod (it ended)" in body, body
             pod = _session_pod(kube, campaign)
-            status, body = _wait("a served call", lambda: (r := _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY))[0] == 200 and r)
+            answers = []  # refused until the gateway's watch has seen the pod
+
+            def served() -> bool:
+                answers.append(_request(gw.url, "POST", "/v1/messages", token, SIDE_BODY))
+                return answers[-1][0] == 200
+            _wait("a served call", served)
+            status, body = answers[-1]
+            assert all(a[0] == 401 for a in answers[:-1]), answers
             assert json.loads(body)["usage"]["input_tokens"] == 100000
             assert {r["credential"] for r in provider.requests if r["path"].startswith("/v1/messages")} == {"key"}
             # the call was in the Lease, in flight, before it was forwarded; then its answer's usage
@@ -164,7 +171,7 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
                 m := meters_of(kube.lease_annotations(pod) or {})) and m[0]["calls"] == 1 and m)
             assert meter == {"calls": 1, "usage": {"input_tokens": 100000, "output_tokens": 1000,
                                                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-                             "cost_usd": "0.315", "unpriced_models": [], "refused": 1,  # the call before the pod
+                             "cost_usd": "0.315", "unpriced_models": [], "refused": len(answers),  # the calls before
                              "in_flight": 0, "call_usd": "0.5"}
             owner = client.CoordinationV1Api(kube_cluster.api_client()).read_namespaced_lease(pod, namespace)
             assert [(o.kind, o.name) for o in owner.metadata.owner_references] == [("Pod", pod)]
@@ -184,8 +191,9 @@ def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_
     """Issue 15: "a gateway restart does not fail running sessions", and the limit at the
     gateway "so side calls count" must survive it. Gateway A meters one $0.315 call of a
     session limited to $0.5 and is killed (SIGKILL: nothing is flushed at exit); gateway B, a new
-    pod, admits one more call (0.315 < 0.5) and refuses the next, and the controller's sum of the
-    Lease is both calls. Before the Lease, B started from nothing and admitted two more."""
+    pod, admits one more call (0.315 < 0.5) and refuses the next, even after a refused request of
+    the attempt came first; the controller's sum of the Lease is both calls. Before the Lease, B
+    started from nothing and admitted two more."""
     secret = secrets.token_hex(24).encode()
     kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
     campaign = f"gw-{_uid()}"
@@ -201,6 +209,9 @@ def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_
             a.stop(signal.SIGKILL)
         b = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-b", free_port())
         try:
+            # A refused request first (a path outside the allow-list): before, it left B a meter
+            # of the attempt that had never read A's, and B then admitted two more calls.
+            assert _request(b.url, "GET", "/v1/files", token)[0] == 404
             assert _request(b.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 200
             status, body = _request(b.url, "POST", "/v1/messages", token, SIDE_BODY)
             assert status == 403 and tokens.LIMIT_SPENT.encode() in body, body
@@ -210,7 +221,7 @@ def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_
         both = meters_of(kube.lease_annotations(pod) or {})
     assert total(both) == {"calls": 2, "usage": {"input_tokens": 200000, "output_tokens": 2000,
                                                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-                           "cost_usd": "0.630", "unpriced_models": [], "refused": 1}
+                           "cost_usd": "0.630", "unpriced_models": [], "refused": 2}
 
 
 @pytest.fixture

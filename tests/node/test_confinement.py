@@ -339,6 +339,65 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     assert "failed while this session ran" in refusal["reason"], refusal
 
 
+def test_a_session_runs_on_across_a_restart_of_the_gateway(install, provider, long_task, tmp_path):
+    """Issue 15: "a gateway restart does not fail running sessions beyond the CLI's own
+    retries". Once the session's CLI has reached the provider (its first call, through the
+    gateway), the gateway's pod is deleted; while the session's Bash sleeps, the Deployment
+    starts another, which knows the attempt from its watch of session pods and carries the
+    first pod's meter from the attempt's Lease. The CLI's next call goes to it: the session
+    succeeds, and its meter holds both calls, one from each gateway pod."""
+    from runner import layout
+    from runner.demo.provider import first_user_text
+    from runner.ledger import Ledger
+    from runner.store import open_store
+
+    node = install.node
+    campaign = f"restart-{os.urandom(3).hex()}"
+    corpus = tmp_path / "corpus"
+    (corpus / "docs/probes").mkdir(parents=True)
+    (corpus / "docs/a.md").write_text("# A\n")
+    probe = {"id": "HW-PRB-0103", "path": "docs/probes/long.md", "title": "Long session", "task": long_task,
+             "answers": ["sealed"], "examines": ["docs/a.md"]}
+    (corpus / probe["path"]).write_text(f"# {probe['title']}\n\n## Task\n\n{long_task}\n")
+    (tmp_path / "plan.json").write_text(json.dumps({**channel_plan_data(campaign), "probes": [probe]}))
+    asked = len(provider.server.requests)
+    env = {**_install_env(install, tmp_path), "RUNNER_CONCURRENCY": "1"}
+    selector = f"{names.COMPONENT}={names.GATEWAY_COMPONENT},{names.INSTANCE}={install.release}"
+
+    def gateway_pods() -> dict[str, bool]:
+        pods = json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l", selector, "-o", "json").stdout)["items"]
+        return {p["metadata"]["name"]: any(c["type"] == "Ready" and c["status"] == "True"
+                                           for c in p.get("status", {}).get("conditions", [])) for p in pods}
+
+    run = subprocess.Popen([sys.executable, "-m", "runner", "run", str(tmp_path / "plan.json"), "--corpus", str(corpus),
+                            "--executor", "kubernetes"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not any(long_task in first_user_text(r["body"]) for r in provider.server.requests[asked:]
+                      if isinstance(r.get("body"), dict)):
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "the session's CLI never reached the provider"
+            time.sleep(0.2)
+        (first,) = gateway_pods()
+        node.kubectl("-n", install.namespace, "delete", "pod", first, "--wait=false")
+        deadline = time.monotonic() + 40  # within the session's 45 s sleep
+        while not any(ready for name, ready in gateway_pods().items() if name != first):
+            assert time.monotonic() < deadline, f"no new gateway pod was ready within 40 s: {gateway_pods()}"
+            time.sleep(0.5)
+        out, err = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    with _environ(env):
+        store = open_store("s3://probes/campaigns", Settings())
+        (state,) = Ledger(store, campaign).sessions().values()
+        capture = json.loads(store.get(layout.SessionKeys(campaign, probe["id"], "present-001").capture))
+    assert state.status == "succeeded" and capture["exit_code"] == 0, (state.status, state.detail)
+    meter = capture["gateway"]
+    assert meter["calls"] >= 2 and not meter["refused"], meter  # the call before the restart and the one after
+
+
 def test_the_egress_proxy_reaches_the_provider_port_at_the_provider_range_only(proxy_install, real_node):
     """Before, the proxy's policy allowed the provider's port at any address, so the proxy (and
     through a Squid misconfiguration, a session) could reach any host of the cluster's network

@@ -218,6 +218,14 @@ def test_canary_pod_reaches_the_route_of_session_pods(plan):
         {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "PROBE_GATEWAY", "value": "10.96.0.20:8080"}]
     assert env(PROXY)[:2] == [
         {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "HTTPS_PROXY", "value": "http://10.96.0.12:3128"}]
+    # The provider's CA only through the proxy, where the canary itself verifies the provider's TLS: the
+    # admission policy admits no ConfigMap volume in a pod of an install with the gateway (found on the real node).
+    with_ca = Settings(store="file:///tmp/s", kube={"provider_ca_configmap": "rel-provider-ca"})
+    via_gateway = manifests.canary_pod(with_ca, "demo", 1, "e30=", manifests.Route("http://10.96.0.20:8080"))["spec"]
+    via_proxy = manifests.canary_pod(with_ca, "demo", 1, "e30=", PROXY)["spec"]
+    assert via_gateway["volumes"] == [] and via_gateway["containers"][0]["args"] == ["e30="]
+    assert [v["name"] for v in via_proxy["volumes"]] == ["provider-ca"]
+    assert via_proxy["containers"][0]["args"] == ["e30=", "/run/probe/provider-ca/ca.crt"]
 
 
 def test_session_pod_without_optional_parts(plan):
