@@ -41,6 +41,7 @@ from runner.settings import Settings
 log = logging.getLogger(__name__)
 
 SETTLE_SECONDS = 15.0  # how long the controller waits for the gateways' calls of an ended harness to be counted
+PRUNE_SECONDS = 60.0  # how often the gateway drops the meters of attempts whose pods are gone
 
 
 def meter_key(gateway_pod: str) -> str:
@@ -124,6 +125,10 @@ class SessionPods:
         named = (ann.get(names.CAMPAIGN), ann.get(names.PROBE), ann.get(names.SESSION), ann.get(names.ATTEMPT))
         return pod if named == (claims.campaign, claims.probe, claims.session, str(claims.attempt)) else None
 
+    def gone(self, attempt: Attempt) -> bool:
+        """Whether the attempt's pod is gone (its token is then refused for good)."""
+        return self.cache.get(manifests.pod_name(self.instance, *attempt)) is None
+
     def ended(self, claims: Claims) -> str | None:
         """Why the attempt no longer runs, or None while it does."""
         pod = self.pod(claims)
@@ -187,6 +192,14 @@ class LeaseMeters:
             want = self._version.get(key, 0)
             if not self._cond.wait_for(lambda: self._written.get(key, 0) >= want, timeout):
                 raise TimeoutError(f"the meter of {claims.name} was not written to its Lease within {timeout:g} s")
+
+    def forget(self, attempts: list[Attempt]) -> None:
+        """Drop what is kept of attempts whose meters the gateway dropped (``Gateway.forget``)."""
+        with self._cond:
+            for a in attempts:
+                if a not in self._dirty and a not in self._busy:
+                    self._version.pop(a, None)
+                    self._written.pop(a, None)
 
     def carried(self, claims: Claims) -> Decimal:
         """What other gateway pods metered of the attempt (read when this one first sees it)."""
@@ -270,7 +283,8 @@ def serve(settings: Settings) -> None:
         with GatewayThread(gateway, host=None, port=s.gateway.port, shutdown_seconds=s.gateway.drain_seconds):
             log.info("gateway %s serving on port %d for %s, forwarding to %s", me, s.gateway.port, k.instance,
                         s.provider.base_url)
-            stop.wait()
+            while not stop.wait(PRUNE_SECONDS):
+                meters.forget(gateway.forget(pods.gone))
             log.info("stopping: open calls get %g s", s.gateway.drain_seconds)
     finally:
         meters.stop()

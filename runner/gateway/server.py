@@ -185,6 +185,16 @@ class Gateway:
         with self._lock:
             return self.meters.get(attempt, Meter()).record()
 
+    def forget(self, gone: Callable[[Attempt], bool]) -> list[Attempt]:
+        """Drop the meters of attempts that are ``gone`` (their pods deleted: their tokens are
+        refused for good) and have no call in flight; a long-lived gateway holds only the
+        running attempts'. Returns what was dropped."""
+        with self._lock:
+            dropped = [a for a, m in self.meters.items() if m.in_flight == 0 and gone(a)]
+            for a in dropped:
+                del self.meters[a]
+        return dropped
+
     def _changed(self, claims: Claims) -> None:
         if self.changed is not None:
             with self._lock:

@@ -112,3 +112,17 @@ def test_the_canarys_routes_through_the_gateway():
         canary.Route("10.0.0.5:5432 directly", "tcp", "10.0.0.5:5432"),
         canary.Route("the provider gateway", "http", "{gateway}", must_open=True),
     ]
+
+
+def test_a_long_lived_gateway_forgets_the_meters_of_attempts_whose_pods_are_gone():
+    """Before, every attempt's meter stayed in the gateway's memory for as long as it ran (an
+    install's gateway runs for months); now a prune drops those whose pods are gone, unless a
+    call of theirs is still in flight, and the Lease writer forgets their versions too."""
+    from runner.gateway.server import Gateway, Meter
+    from runner.settings import DEFAULT_PRICES
+
+    g = Gateway("https://api.example.com", "key", b"secret", DEFAULT_PRICES)
+    running, gone, gone_in_flight = (("c", "P", f"s{i}", 1) for i in range(3))
+    g.meters = {running: Meter(calls=1), gone: Meter(calls=2), gone_in_flight: Meter(calls=1, in_flight=1)}
+    assert g.forget(lambda a: a != running) == [gone]
+    assert set(g.meters) == {running, gone_in_flight}
