@@ -91,6 +91,19 @@ def _serve_gateway(upstream: str, secret: bytes, port_out: multiprocessing.Queue
     _serve(Gateway(upstream, "bench-key", secret, DEFAULT_PRICES, campaigns=["bench"]).app(), port_out)
 
 
+def serve_upstream_and_gateway(secret: bytes) -> tuple[list[multiprocessing.process.BaseProcess], str, str]:
+    """The upstream and a gateway in front of it (checking tokens signed with ``secret``), each
+    in its own process: (the processes, the upstream's URL, the gateway's URL)."""
+    ctx = multiprocessing.get_context("spawn")
+    q: multiprocessing.Queue = ctx.Queue()
+    up = ctx.Process(target=_serve_upstream, args=(q,), daemon=True)
+    up.start()
+    upstream = f"http://127.0.0.1:{q.get(timeout=60)}"
+    gw = ctx.Process(target=_serve_gateway, args=(upstream, secret, q), daemon=True)
+    gw.start()
+    return [up, gw], upstream, f"http://127.0.0.1:{q.get(timeout=60)}"
+
+
 BODY = json.dumps({"model": MODEL, "max_tokens": 1024, "stream": True,
                    "messages": [{"role": "user", "content": "hello"}]}).encode()
 
@@ -147,15 +160,8 @@ def main() -> None:
 
     from runner.gateway import tokens
 
-    ctx = multiprocessing.get_context("spawn")
-    q: multiprocessing.Queue = ctx.Queue()
-    up = ctx.Process(target=_serve_upstream, args=(q,), daemon=True)
-    up.start()
-    upstream = f"http://127.0.0.1:{q.get(timeout=60)}"
     secret = tokens.new_secret()
-    gw = ctx.Process(target=_serve_gateway, args=(upstream, secret, q), daemon=True)
-    gw.start()
-    gateway = f"http://127.0.0.1:{q.get(timeout=60)}"
+    (up, gw), upstream, gateway = serve_upstream_and_gateway(secret)
     token = tokens.mint(secret, tokens.Claims("bench", "P", "s", 1, int(time.time() + 3600)))
     direct_h, via_h = {"x-api-key": "bench-key"}, {"x-api-key": token}
     try:

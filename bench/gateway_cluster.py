@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -34,11 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests"), str(REPO / "tests" / "cluster")]
+sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests" / "cluster"), str(REPO / "tests")]
 
 import aiohttp  # noqa: E402
 from conftest import run_build, start_cluster  # noqa: E402  (tests/cluster)
-from gateway import _one, _p, _sequential, _serve_gateway, _serve_upstream  # noqa: E402  (bench/gateway.py)
+from gateway import _one, _p, _sequential, serve_upstream_and_gateway  # noqa: E402  (bench/gateway.py)
 from ports import free_port  # noqa: E402  (tests/ports.py)
 
 from runner import demo  # noqa: E402
@@ -91,15 +90,8 @@ def main() -> None:
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bgc-", dir="/tmp"))
-    ctx = multiprocessing.get_context("spawn")
-    q: multiprocessing.Queue = ctx.Queue()
-    up = ctx.Process(target=_serve_upstream, args=(q,), daemon=True)
-    up.start()
-    upstream = f"http://127.0.0.1:{q.get(timeout=60)}"
     secret = tokens.new_secret()
-    plain_proc = ctx.Process(target=_serve_gateway, args=(upstream, secret, q), daemon=True)
-    plain_proc.start()
-    plain = f"http://127.0.0.1:{q.get(timeout=60)}"
+    procs, upstream, plain = serve_upstream_and_gateway(secret)
     with start_cluster(run_build(), base / "kwok") as cluster:
         cluster.add_nodes(max(1, args.sessions // 100 + 1), prefix="bench")
         ns = cluster.create_namespace("bench-gateway")
@@ -158,8 +150,8 @@ def main() -> None:
         finally:
             install_proc.terminate()
             install_proc.wait(30)
-    plain_proc.terminate()
-    up.terminate()
+    for proc in procs:
+        proc.terminate()
     subprocess.run(["rm", "-rf", str(base)], check=False)
 
 

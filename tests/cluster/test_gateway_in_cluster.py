@@ -14,7 +14,6 @@ import http.client
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from runner.store import open_store
 sys.path.insert(0, str(Path(__file__).parent))
 from ports import free_port  # noqa: E402  (tests/ is on sys.path: tests/conftest.py)
 from simnode import SimNode  # noqa: E402
+from test_kubernetes_executor import _uid, claude_path, nodes, sim_root  # noqa: E402,F401  (its fixtures, shared)
 
 MODEL = "claude-sonnet-4-5-20250929"
 SIDE = "side call please"
@@ -50,15 +50,6 @@ SIDE_SCENARIOS = {"scenarios": [
      "turns": [{"text": "side answer"}]}]}  # $0.315 a call at Sonnet's list price
 SIDE_BODY = json.dumps({"model": MODEL, "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
                         "messages": [{"role": "user", "content": SIDE}]}).encode()
-
-
-def _uid() -> str:
-    return secrets.token_hex(3)
-
-
-@pytest.fixture(scope="module")
-def nodes(kube_cluster) -> list[str]:
-    return kube_cluster.add_nodes(4, prefix=f"gw-{_uid()}")
 
 
 @pytest.fixture
@@ -140,7 +131,7 @@ def _wait(what: str, ok, timeout: float = 30):
     return got
 
 
-def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_after(kube_cluster, nodes, namespace):
+def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_after(kube_cluster, nodes, namespace):  # noqa: F811
     """Issue 15: a token "valid only while that attempt runs and revoked when its outcome is
     journaled". On Kubernetes the attempt runs while its pod does (the controller deletes it
     once the outcome is journaled): before the pod exists and after it is deleted the token is
@@ -187,7 +178,7 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
     assert "token refused: forged: the signature does not match" in log
 
 
-def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_cluster, nodes, namespace):
+def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_cluster, nodes, namespace):  # noqa: F811
     """Issue 15: "a gateway restart does not fail running sessions", and the limit at the
     gateway "so side calls count" must survive it. Gateway A meters one $0.315 call of a
     session limited to $0.5 and is killed (SIGKILL: nothing is flushed at exit); gateway B, a new
@@ -224,24 +215,8 @@ def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_
                            "cost_usd": "0.630", "unpriced_models": [], "refused": 2}
 
 
-@pytest.fixture
-def sim_root():
-    d = Path(tempfile.mkdtemp(prefix="simnode-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    subprocess.run(["rm", "-rf", str(d)], check=False)
-
-
-@pytest.fixture(scope="module")
-def claude_path() -> str:
-    found = shutil.which("claude")
-    if not found:
-        pytest.fail("the Claude Code CLI is not on PATH (.ci/setup installs it)", pytrace=False)
-    return os.path.realpath(found)
-
-
-def test_a_campaign_of_the_real_cli_runs_through_the_gateway_across_its_restart(kube_cluster, nodes, namespace, sim_root,
-                                                                                tmp_path, claude_path):
+def test_a_campaign_of_the_real_cli_runs_through_the_gateway_across_its_restart(  # noqa: F811
+        kube_cluster, nodes, namespace, sim_root, tmp_path, claude_path):  # noqa: F811
     """The demo campaign (8 sessions, the real CLI on SimNode) through `probe-runner gateway`:
     every session pod holds a token of its own attempt and no credential (no Secret is named
     in it), every request reaches the provider with the key, each capture record keeps the

@@ -293,6 +293,17 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
     assert not [r for r in reasons if r[1] == "succeeded"], reasons
 
 
+def _long_session(tmp_path: Path, long_task: str, probe_id: str) -> tuple[Path, dict]:
+    """A corpus of one probe whose session's CLI stays busy for 45 s: (the corpus, the probe)."""
+    corpus = tmp_path / "corpus"
+    (corpus / "docs/probes").mkdir(parents=True)
+    (corpus / "docs/a.md").write_text("# A\n")
+    probe = {"id": probe_id, "path": "docs/probes/long.md", "title": "Long session", "task": long_task,
+             "answers": ["sealed"], "examines": ["docs/a.md"]}
+    (corpus / probe["path"]).write_text(f"# {probe['title']}\n\n## Task\n\n{long_task}\n")
+    return corpus, probe
+
+
 def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transform(install, provider, long_task,
                                                                                  tmp_path):
     """The case the entry point cannot catch: the CLI has started (its first request reached the
@@ -307,12 +318,7 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     from runner.store import open_store
 
     campaign = f"overlap-{os.urandom(3).hex()}"
-    corpus = tmp_path / "corpus"
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# A\n")
-    probe = {"id": "HW-PRB-0102", "path": "docs/probes/long.md", "title": "Long session", "task": long_task,
-             "answers": ["sealed"], "examines": ["docs/a.md"]}
-    (corpus / probe["path"]).write_text(f"# {probe['title']}\n\n## Task\n\n{long_task}\n")
+    corpus, probe = _long_session(tmp_path, long_task, "HW-PRB-0102")
     asked = len(provider.server.requests)
 
     def the_cli_reached_the_provider() -> bool:
@@ -353,12 +359,7 @@ def test_a_session_runs_on_across_a_restart_of_the_gateway(install, provider, lo
 
     node = install.node
     campaign = f"restart-{os.urandom(3).hex()}"
-    corpus = tmp_path / "corpus"
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# A\n")
-    probe = {"id": "HW-PRB-0103", "path": "docs/probes/long.md", "title": "Long session", "task": long_task,
-             "answers": ["sealed"], "examines": ["docs/a.md"]}
-    (corpus / probe["path"]).write_text(f"# {probe['title']}\n\n## Task\n\n{long_task}\n")
+    corpus, probe = _long_session(tmp_path, long_task, "HW-PRB-0103")
     (tmp_path / "plan.json").write_text(json.dumps({**channel_plan_data(campaign), "probes": [probe]}))
     asked = len(provider.server.requests)
     env = {**_install_env(install, tmp_path), "RUNNER_CONCURRENCY": "1"}
