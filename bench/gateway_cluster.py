@@ -93,7 +93,7 @@ def main() -> None:
     secret = tokens.new_secret()
     procs, upstream, plain = serve_upstream_and_gateway(secret)
     with start_cluster(run_build(), base / "kwok") as cluster:
-        cluster.add_nodes(max(1, args.sessions // 100 + 1), prefix="bench")
+        cluster.add_nodes(args.sessions // 40 + 1, prefix="bench")  # 32 CPUs each: 58 session pods (550m) fit
         ns = cluster.create_namespace("bench-gateway")
         cluster.apply({"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
                        "metadata": {"name": names.session_service_account("probe-runner"), "namespace": ns}})
