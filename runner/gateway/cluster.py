@@ -45,7 +45,9 @@ PRUNE_SECONDS = 60.0  # how often the gateway drops the meters of attempts whose
 
 
 def meter_key(gateway_pod: str) -> str:
-    return f"{names.METER_PREFIX}/{gateway_pod}"
+    """The annotation of one gateway pod's meter; its name part is at most 63 characters, as a
+    pod's name need not be."""
+    return f"{names.METER_PREFIX}/{names.label_value(gateway_pod)}"
 
 
 def meter_lease(instance: str, namespace: str, pod: dict[str, Any], gateway_pod: str, claims: Claims,

@@ -59,6 +59,18 @@ def test_the_controllers_sum_counts_each_gateway_and_a_call_cut_in_flight_at_the
     assert total([]) == {"calls": 0, "usage": dict.fromkeys(USAGE, 0), "cost_usd": "0", "unpriced_models": [], "refused": 0}
 
 
+def test_a_gateway_pod_of_any_name_has_an_annotation_key_the_api_accepts():
+    import re
+
+    from runner.gateway.cluster import meter_key
+
+    for pod in ("gateway-7f9c-abcde", "a-release-name-of-fifty-three-characters-xxxxxxxxxxxx-gateway-7f9c8d6b5-abcde"):
+        prefix, _, name = meter_key(pod).partition("/")
+        assert prefix == "meter.probe-runner.io" and len(name) <= 63
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", name), name
+    assert meter_key("gateway-7f9c-abcde") == "meter.probe-runner.io/gateway-7f9c-abcde"
+
+
 @pytest.mark.parametrize("value", ["not json", json.dumps({"calls": 1}), json.dumps({**state("x", 1, 0), "call_usd": "1"})])
 def test_an_annotation_that_is_not_a_meter_is_skipped(value):
     assert meters_of({"meter.probe-runner.io/g": value, "other.io/x": "1"}) == []
