@@ -3,8 +3,8 @@ session and every ``kube.canary_interval_seconds`` while it runs, and re-lists t
 namespace's NetworkPolicies each time.
 
 A check fails when a route a session must not have answers, when the provider gateway (or,
-where it is off, the provider through the egress proxy) does not, when a foreign policy now selects session pods, or when the check
-cannot finish. The first check's failure refuses the campaign (exit 12, nothing started);
+where it is off, the provider through the egress proxy) does not, when a foreign policy now
+selects session pods, or when the check cannot finish. The first check's failure refuses the campaign (exit 12, nothing started);
 a later one halts new session starts (the campaign then exits 12 with the route named), and
 every session that was running is told by its capture record, whose ``confinement_checks``
 list the checks from the one in force at its start to its end.

@@ -7,8 +7,9 @@ forwards the Messages API calls of a valid session token to the provider. Where 
 off (gateway.enabled false: a credentials.json login), the one route is the egress proxy
 instead, which (``runner.k8s.egress``) allows CONNECT to the provider host alone. The proxy
 pods accept connections from session pods only and may reach TCP on the provider port (any
-address: Squid's ACL restricts the host) and DNS to resolve that host. Where the cluster runs Cilium, ``cilium_fqdn_policy`` can
-replace the proxy's any-address egress with the provider host's own addresses.
+address: Squid's ACL restricts the host) and DNS to resolve that host. Where the cluster runs
+Cilium, ``cilium_fqdn_policy`` can replace the proxy's any-address egress with the provider
+host's own addresses.
 
 Everything here is a pure builder; the chart renders what these return and the executor
 checks the namespace against them.
