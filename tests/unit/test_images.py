@@ -105,7 +105,7 @@ def test_uids_are_those_the_pods_run_with():
 def test_harness_image_has_the_pinned_cli_python3_and_the_runner_package():
     stages = parse(IMAGES / "harness" / "Dockerfile")
     final = stages[-1]
-    pinned = re.search(r"^CLAUDE_CODE_VERSION=(\S+)", (REPO / ".ci" / "setup").read_text(), re.M).group(1)
+    pinned = re.search(r"^CLAUDE_CODE_VERSION=(\S+)", (REPO / ".ci" / "versions").read_text(), re.M).group(1)
     assert f"CLAUDE_CODE_VERSION={pinned}" in final.all("ARG")
     assert any('"@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}"' in r for r in final.all("RUN"))
     assert any("python3" in r.split("apt-get install")[-1] for r in final.all("RUN") if "apt-get install" in r)
