@@ -155,7 +155,6 @@ class LeaseMeters:
 
     def __init__(self, kube: Kube, instance: str, pods: SessionPods, gateway_pod: str) -> None:
         self.kube, self.instance, self.pods, self.gateway_pod = kube, instance, pods, gateway_pod
-        self.writes = 0
         self._dirty: dict[Attempt, tuple[Claims, dict[str, Any], int]] = {}
         self._version: dict[Attempt, int] = {}
         self._written: dict[Attempt, int] = {}
@@ -253,7 +252,6 @@ class LeaseMeters:
         if pod is None:
             return  # its pod is gone, and its Lease with it: nobody will read this meter
         self.kube.put_lease(meter_lease(self.instance, self.kube.namespace, pod, self.gateway_pod, claims, state))
-        self.writes += 1
 
 
 def serve(settings: Settings) -> None:

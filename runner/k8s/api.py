@@ -219,14 +219,19 @@ class Kube:
             raise UserError(f"Service {self.namespace}/{name} has no ClusterIP and port to connect to")
         return ip, svc.spec.ports[0].port
 
-    def secret_value(self, name: str, key: str) -> bytes:
-        """One key of a Secret, decoded; a missing Secret, key or right is the user's to fix."""
+    def _read_installed(self, read, kind: str, name: str):
+        """An object the install made, read by name; missing, or not ours to read, is the user's
+        to fix (a UserError in one line)."""
         try:
-            sec = self.call(self.core.read_namespaced_secret, name, self.namespace, _request_timeout=30)
+            return self.call(read, name, self.namespace, _request_timeout=30)
         except ApiException as e:
             if e.status in (403, 404):
-                raise UserError(f"reading Secret {name} in namespace {self.namespace}: {_api_message(e)}") from None
+                raise UserError(f"reading {kind} {name} in namespace {self.namespace}: {_api_message(e)}") from None
             raise
+
+    def secret_value(self, name: str, key: str) -> bytes:
+        """One key of a Secret, decoded; a missing Secret, key or right is the user's to fix."""
+        sec = self._read_installed(self.core.read_namespaced_secret, "Secret", name)
         value = (sec.data or {}).get(key)
         if not value:
             raise UserError(f"Secret {self.namespace}/{name} has no key {key!r}")
@@ -263,12 +268,7 @@ class Kube:
     # ---- jobs --------------------------------------------------------------------------------
 
     def config_map_data(self, name: str) -> dict[str, str]:
-        try:
-            cm = self.call(self.core.read_namespaced_config_map, name, self.namespace, _request_timeout=30)
-        except ApiException as e:
-            if e.status in (403, 404):
-                raise UserError(f"reading ConfigMap {name} in namespace {self.namespace}: {_api_message(e)}") from None
-            raise
+        cm = self._read_installed(self.core.read_namespaced_config_map, "ConfigMap", name)
         return dict(cm.data or {})
 
     def create_job(self, manifest: dict) -> bool:

@@ -141,40 +141,27 @@ def session_network_policy(settings: Settings) -> dict[str, Any]:
     proxy) on its port, so no DNS either."""
     k = settings.kube
     component, _, port = route(settings)
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(settings, _policy_name(settings, names.SESSION_COMPONENT), names.SESSION_COMPONENT),
-        "spec": {
-            "podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)},
-            "policyTypes": ["Ingress", "Egress"],
-            "egress": [{
-                "to": [{"podSelector": {"matchLabels": names.selector(k.instance, component)}}],
-                "ports": [{"protocol": "TCP", "port": port}],
-            }],
-        },
-    }
+    return _network_policy(settings, names.SESSION_COMPONENT, {
+        "policyTypes": ["Ingress", "Egress"],
+        "egress": [{
+            "to": [{"podSelector": {"matchLabels": names.selector(k.instance, component)}}],
+            "ports": [{"protocol": "TCP", "port": port}],
+        }],
+    })
 
 
 def gateway_network_policy(settings: Settings) -> dict[str, Any]:
     """Gateway pods: ingress only from session pods on the gateway port. Their egress (the
     provider, and the API server they watch session pods through and keep meters at) stays
     open, as the controller's: the API server's address is not known to the chart."""
-    k = settings.kube
     _, port = gateway_endpoint(settings)
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(settings, _policy_name(settings, names.GATEWAY_COMPONENT), names.GATEWAY_COMPONENT),
-        "spec": {
-            "podSelector": {"matchLabels": names.selector(k.instance, names.GATEWAY_COMPONENT)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{
-                "from": [{"podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)}}],
-                "ports": [{"protocol": "TCP", "port": port}],
-            }],
-        },
-    }
+    return _network_policy(settings, names.GATEWAY_COMPONENT, {
+        "policyTypes": ["Ingress"],
+        "ingress": [{
+            "from": [{"podSelector": {"matchLabels": names.selector(settings.kube.instance, names.SESSION_COMPONENT)}}],
+            "ports": [{"protocol": "TCP", "port": port}],
+        }],
+    })
 
 
 def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) -> dict[str, Any]:
@@ -192,7 +179,6 @@ def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) 
     k = settings.kube
     _, proxy_port = proxy_endpoint(settings)
     spec: dict[str, Any] = {
-        "podSelector": {"matchLabels": names.selector(k.instance, names.PROXY_COMPONENT)},
         "policyTypes": ["Ingress"] if egress_by_cilium else ["Ingress", "Egress"],
         "ingress": [{
             "from": [{"podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)}}],
@@ -207,12 +193,7 @@ def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) 
                      "podSelector": {"matchLabels": dict(k.dns_pod_labels)}}],
              "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
         ]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(settings, _policy_name(settings, names.PROXY_COMPONENT), names.PROXY_COMPONENT),
-        "spec": spec,
-    }
+    return _network_policy(settings, names.PROXY_COMPONENT, spec)
 
 
 def cilium_fqdn_policy(settings: Settings) -> dict[str, Any]:
@@ -296,6 +277,17 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         if not ok:
             return False
     return True
+
+
+def _network_policy(settings: Settings, component: str, rules: dict[str, Any]) -> dict[str, Any]:
+    """The NetworkPolicy of one component's pods, named as own_policy_names names it, with
+    ``rules`` (its policyTypes, ingress, egress) after its podSelector."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(settings, _policy_name(settings, component), component),
+        "spec": {"podSelector": {"matchLabels": names.selector(settings.kube.instance, component)}, **rules},
+    }
 
 
 def _policy_name(settings: Settings, component: str) -> str:
