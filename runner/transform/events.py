@@ -12,6 +12,7 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -57,6 +58,7 @@ class SessionOutcome:
     notes: list[str]
     timed_out: bool = False  # the time limit ended it: recorded as watched, without an answer
     over_budget: bool = False  # its own spend limit ended it (--max-budget-usd): an observation like any other
+    tools: dict[str, int] = field(default_factory=dict)  # calls by tool, as the stream shows them (the event's calls)
 
 
 class _Paths:
@@ -501,4 +503,5 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
         notes=notes,
         timed_out=facts.timed_out,
         over_budget=_over_budget(parsed),
+        tools=dict(Counter(use.name for use in parsed.tool_uses)),
     )

@@ -21,7 +21,7 @@ from typing import Any
 from runner import layout, stream
 from runner.campaign import load_identifiers
 from runner.ledger import Ledger, SessionState
-from runner.plan import Plan
+from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
 from runner.transform.events import SessionFacts, SessionOutcome, result_needed, session_event
 from runner.transform.intake import confirm_rendered
@@ -259,32 +259,64 @@ def _served_version(plan: Plan, outcomes: list[SessionOutcome]) -> str:
     return ", ".join(served) if served else plan.model
 
 
-def run_transform(store: Store, plan: Plan) -> TransformReport:
+@dataclass
+class SessionRecord:
+    """One planned session as the transform saw it: its ledger state, and for a captured one
+    what the recorder derived from its stream and whether its event is in the transcript."""
+
+    spec: SessionSpec
+    status: str  # the ledger's (pending where it has no entry)
+    attempt: int
+    outcome: SessionOutcome | None = None  # None: not captured, so not transformed
+    capture: dict[str, Any] | None = None
+    recorded: bool = False  # its event is in its arm's transcript, confirmed as the engine would
+    stream: str | None = None  # the key of its attempt's stream, once the ledger has its outcome
+
+
+@dataclass
+class Transformed:
+    """What a transform of the campaign makes, before anything is written."""
+
+    report: TransformReport
+    sessions: list[SessionRecord]  # every planned session, in the plan's order
+    transcripts: dict[str, str]  # arm -> the transcript's text, for the arms whose transcript was confirmed
+
+
+def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], None] | None = None) -> Transformed:
+    """The transform as a reading of the store: ``run_transform`` writes what it makes, and
+    ``probe-runner report`` shows it, so both count sessions the same way. ``progress(done,
+    total)`` is called after each session."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     identifiers = load_identifiers(store, plan.campaign)
     report = TransformReport()
-    by_arm: dict[str, list[Any]] = {arm.value: [] for arm in plan.arms}
-    for spec in plan.sessions():
+    records: list[SessionRecord] = []
+    specs = plan.sessions()
+    for n, spec in enumerate(specs, 1):
         st = states.get(spec.key)
         status = st.status if st else "pending"
+        record = SessionRecord(spec, status, st.attempt if st else 0,
+                               stream=(st.detail.get("stream") or {}).get("key") if st else None)
+        records.append(record)
         # A session the time limit ended was watched until then: recorded with what it showed.
         if st is None or (status != "succeeded" and not (status == "failed" and st.detail.get("timed_out"))):
             report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
                                     "arm": spec.arm, "status": status, "reason": f"not recorded: {_not_recorded(status, st)}"})
-            by_arm[spec.arm].append(None)
-            continue
-        keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt)
-        outcome, capture = session_outcome(store, plan, keys, identifiers)
-        for reason in outcome.refusals:
-            report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
-                                    "arm": spec.arm, "status": "refused", "reason": reason})
-        by_arm[spec.arm].append((outcome, capture))
+        else:
+            keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt)
+            record.outcome, record.capture = session_outcome(store, plan, keys, identifiers)
+            for reason in record.outcome.refusals:
+                report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
+                                        "arm": spec.arm, "status": "refused", "reason": reason})
+        if progress is not None:
+            progress(n, len(specs))
 
-    for arm, items in by_arm.items():
-        captured = [x for x in items if x is not None]
-        outcomes = [o for o, _ in captured]
-        captures = [c for _, c in captured]
+    transcripts: dict[str, str] = {}
+    for arm in (a.value for a in plan.arms):
+        items = [r for r in records if r.spec.arm == arm]
+        captured = [r for r in items if r.outcome is not None]
+        outcomes = [r.outcome for r in captured if r.outcome is not None]
+        captures = [r.capture for r in captured if r.capture is not None]
         costs = [o.cost_usd for o in outcomes if o.cost_usd is not None]
         total = exact_sum(costs)
         report.cost_usd = exact_sum([report.cost_usd, total])
@@ -320,11 +352,27 @@ def run_transform(store: Store, plan: Plan) -> TransformReport:
         if result.refusal:
             report.refusals.append({"scope": "transcript", "arm": arm, "status": "refused", "transcript": key,
                                     "reason": result.refusal})
-            store.delete(key)
             report.arms.append(ArmResult(arm, None, 0, result.refusal))
             continue
-        store.put(key, transcript.text.encode("utf-8"))
+        kept = {(e["probe"], e["session"]) for e in result.events}
+        for r in captured:
+            r.recorded = (r.spec.probe, r.spec.name) in kept
+        transcripts[arm] = transcript.text
         report.arms.append(ArmResult(arm, key, len(result.events), None))
+    return Transformed(report, records, transcripts)
+
+
+def run_transform(store: Store, plan: Plan) -> TransformReport:
+    """Transform the campaign and write what it makes: each confirmed transcript (one the
+    intake confirmation refused is deleted), refusals.json, and SHA256SUMS over them."""
+    done = transform_campaign(store, plan)
+    for arm in done.report.arms:
+        if arm.key is not None:
+            store.put(arm.key, done.transcripts[arm.arm].encode("utf-8"))
+    for r in done.report.refusals:
+        if r["scope"] == "transcript":
+            store.delete(r["transcript"])
+    report = done.report
     store.put(layout.refusals_key(plan.campaign),
               json.dumps({"campaign": plan.campaign, "refusals": report.refusals}, indent=2).encode() + b"\n")
     prefix, sums = layout.transcripts_prefix(plan.campaign), layout.sums_key(plan.campaign)
