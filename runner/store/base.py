@@ -85,6 +85,11 @@ class Store(ABC):
     def delete(self, key: str) -> None: ...
 
     @abstractmethod
+    def link(self, key: str, seconds: int) -> str:
+        """A URL a browser opens the object at, valid for at least ``seconds`` where the
+        backend can only lend access for a while (the campaign report's links)."""
+
+    @abstractmethod
     def salvage(self, key: str, dest: str) -> dict | None:
         """Keep under ``dest`` (create-only) what an uncommitted writer of ``key`` had accepted
         before its process died, and describe it (:meth:`describe`); None when it left nothing

@@ -104,6 +104,9 @@ class FileStore(Store):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def link(self, key: str, seconds: int) -> str:
+        return self._path(key).as_uri()
+
     def salvage(self, key: str, dest: str) -> dict | None:
         """The writer's ``<key>.partial`` becomes ``dest`` by a hard link, then goes: no byte is
         copied, and a crash in between leaves both names on the same file for the next call."""

@@ -57,7 +57,9 @@ class S3Store(Store):
         self.client = client or boto3.client(
             "s3", endpoint_url=s3_settings.endpoint_url, region_name=s3_settings.region,
             # total_max_attempts counts the first try; botocore's max_attempts would still allow one retry
-            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60),
+            # s3v4 for presigned links too, which botocore would otherwise sign with SigV2 on some endpoints
+            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60,
+                          signature_version="s3v4"),
         )
 
     @classmethod
@@ -144,6 +146,12 @@ class S3Store(Store):
 
     def delete(self, key: str) -> None:
         self.call("delete_object", Bucket=self.bucket, Key=self._key(key))
+
+    def link(self, key: str, seconds: int) -> str:
+        """A presigned GET: signed here with the caller's credentials, no request made. Whoever
+        holds it reads that one object until it expires (SigV4 allows at most 7 days)."""
+        return str(self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
+                                                      ExpiresIn=seconds))
 
     def _uploads(self, full_key: str) -> list[str]:
         """Ids of the incomplete multipart uploads of exactly ``full_key``, oldest first."""

@@ -176,6 +176,18 @@ def test_a_whole_campaign_runs_on_the_s3_store(moto_endpoint, tmp_path, claude_c
     assert Ledger(store, campaign).verify() == []
     refusals = json.loads(store.get(f"campaigns/{campaign}/transcripts/refusals.json"))
     assert refusals["refusals"] == []
+    # The report's links to the bucket's streams are presigned, and open with no credentials.
+    import html
+    import re
+    import urllib.request
+
+    out = subprocess.run([sys.executable, "-m", "runner", "report", campaign, "--out", str(tmp_path / "r.html"), "--link-hours", "2"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    links = [html.unescape(h) for h in re.findall(r'<a href="(http://[^"]+)">stream</a>', (tmp_path / "r.html").read_text())]
+    assert len(links) == 8 and all("X-Amz-Expires=7200" in link for link in links)
+    with urllib.request.urlopen(links[0], timeout=10) as r:
+        assert r.read() == store.get(f"campaigns/{campaign}/sessions/HW-PRB-0007/present-001/stream.jsonl")
 
 
 def test_writing_a_key_again_supersedes_what_a_dead_writer_left(store):
@@ -192,3 +204,16 @@ def test_writing_a_key_again_supersedes_what_a_dead_writer_left(store):
     assert not store.exists("s/stream.incomplete.jsonl")
     if isinstance(store, S3Store):
         assert store._uploads("runs/s/stream.jsonl") == []  # the dead writer's upload was aborted
+
+
+def test_a_link_opens_the_object_with_no_credentials(store):
+    """The report's links: a file URI, or on S3 a presigned GET that needs nothing else."""
+    import urllib.request
+
+    store.put("campaigns/c/sessions/p/s/stream.jsonl", b'{"type":"result"}\n')
+    link = store.link("campaigns/c/sessions/p/s/stream.jsonl", 600)
+    assert link.startswith("file:///" if isinstance(store, FileStore) else "http://")
+    with urllib.request.urlopen(link, timeout=10) as r:
+        assert r.read() == b'{"type":"result"}\n'
+    if isinstance(store, S3Store):
+        assert "X-Amz-Expires=600" in link and "X-Amz-Signature=" in link
