@@ -26,7 +26,7 @@ def env(tmp_path, claude_command):
             "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k"}
 
 
-@pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["status"], ["pull"], ["ledger"], ["ledger", "resume"]])
+@pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["status"], ["report"], ["pull"], ["ledger"], ["ledger", "resume"]])
 def test_help_explains_itself(command):
     out = cli(*command, "--help")
     assert out.returncode == 0 and out.stdout.startswith("Usage: probe-runner")
