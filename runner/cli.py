@@ -505,7 +505,11 @@ def pull(settings: Settings, campaign: str, dest: Path) -> int:
 @with_settings()
 def report(settings: Settings, campaign: str, out: Path | None, link_hours: float) -> int:
     from runner.report.figures import campaign_figures
-    from runner.report.page import render
+    try:
+        from runner.report.page import render
+    except ImportError as e:
+        raise UserError(f"the report needs the package's report extra ({e.name} is missing): "
+                        "pip install 'probe-runner[report]' (from a checkout: pip install -e '.[report]')") from None
 
     store, plan = stored_campaign(settings, campaign)
     out = out or Path(f"{plan.campaign}-report.html")

@@ -115,3 +115,15 @@ def test_the_page_escapes_what_sessions_wrote_and_loads_nothing(campaign):
     assert _fetched(page) == []
     assert "default-src 'none'" in page
     assert "No session stated a cost yet." in page and "No captured session made a call." in page
+
+
+def test_without_the_report_extra_the_command_says_what_to_install(tmp_path):
+    """The runner image installs the package without its report extra, so plotly may be absent."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['plotly'] = None; from runner.cli import main; "
+            f"sys.exit(main(['report', 'c1', '--store', {(tmp_path / 'store').as_uri()!r}]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "pip install 'probe-runner[report]'" in out.stderr
