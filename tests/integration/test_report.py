@@ -112,6 +112,22 @@ def test_the_figures_count_sessions_as_the_transcripts_do(campaign):
     assert f["tools"] == ["Grep", "Read"]
 
 
+def test_a_transcript_older_than_the_streams_is_flagged(campaign, tmp_path):
+    """The report counts from the streams; a stored transcript the transform has not rewritten
+    since (here: changed by hand) is named as older, with the command that rewrites it."""
+    from runner.report.page import render
+
+    key = campaign["store"].root / "campaigns/report-1/transcripts/regression-absent.md"
+    kept = key.read_bytes()
+    try:
+        key.write_bytes(kept + b"\n")
+        f = campaign_figures(campaign["store"], campaign["plan"], 1)
+        assert (f["per_arm"]["present"]["transcript_current"], f["per_arm"]["absent"]["transcript_current"]) == (True, False)
+        assert render(f).count("older than the stored streams: run <code>probe-runner transform report-1</code>") == 1
+    finally:
+        key.write_bytes(kept)
+
+
 def test_the_report_opens_in_a_browser_with_every_arm_and_refusal(campaign):
     from playwright.sync_api import sync_playwright
 
