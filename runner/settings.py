@@ -140,6 +140,27 @@ class ThrottleSettings(BaseModel):
     )
 
 
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The CPUs this process may run on, capped by its cgroup's CPU quota (a pod's CPU limit,
+    which the affinity mask does not show), rounded up."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()
+    except (OSError, ValueError):
+        return cpus
+    return cpus if quota == "max" else max(1, min(cpus, -(-int(quota) // int(period))))
+
+
+class TransformSettings(BaseModel):
+    workers: int = Field(
+        default_factory=usable_cpus, ge=1,
+        description="Processes that parse the captured sessions' streams at once (transform, report, the "
+        "transform Job); each parses one stream at a time, so memory stays bounded per process. One process "
+        "parses campaigns of less than 64 MiB of streams. Default: the CPUs this process may use (a pod's CPU "
+        "limit where it has one).",
+    )
+
+
 class LocalSettings(BaseModel):
     workdir: Path = Field(
         # named, never probed: tempfile.gettempdir() raises where no directory is writable (the
@@ -299,6 +320,7 @@ class Settings(BaseSettings):
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     throttle: ThrottleSettings = Field(default_factory=ThrottleSettings)
+    transform: TransformSettings = Field(default_factory=TransformSettings)
     local: LocalSettings = Field(default_factory=LocalSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
     kube: KubeSettings = Field(default_factory=KubeSettings)

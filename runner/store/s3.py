@@ -46,6 +46,16 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
+def _client(s3_settings):
+    return boto3.client(
+        "s3", endpoint_url=s3_settings.endpoint_url, region_name=s3_settings.region,
+        # total_max_attempts counts the first try; botocore's max_attempts would still allow one retry;
+        # s3v4 for presigned links too, which botocore would otherwise sign with SigV2 on some endpoints
+        config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60,
+                      signature_version="s3v4"),
+    )
+
+
 class S3Store(Store):
     def __init__(self, bucket: str, prefix: str, s3_settings, client=None, spool_dir: Path | None = None):
         self.bucket = bucket
@@ -54,13 +64,17 @@ class S3Store(Store):
         self.retry = RetryPolicy(is_transient, s3_settings.attempts, s3_settings.backoff_seconds)
         self.spool_dir = spool_dir or Path(tempfile.gettempdir()) / "probe-runner" / ".s3-spool"
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
-        self.client = client or boto3.client(
-            "s3", endpoint_url=s3_settings.endpoint_url, region_name=s3_settings.region,
-            # total_max_attempts counts the first try; botocore's max_attempts would still allow one retry
-            # s3v4 for presigned links too, which botocore would otherwise sign with SigV2 on some endpoints
-            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=10, read_timeout=60,
-                          signature_version="s3v4"),
-        )
+        self.client = client or _client(s3_settings)
+
+    def __getstate__(self) -> dict:
+        """What a spawned process (the transform's pool) rebuilds this store from: no client,
+        which does not pickle; it makes its own from the settings (a client given to the
+        constructor stays in this process)."""
+        return {k: v for k, v in self.__dict__.items() if k != "client"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.client = _client(self.settings)
 
     @classmethod
     def from_uri(cls, uri: str, settings=None) -> S3Store:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from decimal import MAX_PREC, Decimal, localcontext
 from typing import Any
@@ -106,6 +108,53 @@ def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
         outcome = replace(outcome, event=None, refusals=[*outcome.refusals, (
             "the harness container was killed at its memory limit (OOMKilled): the session did not end on its own")])
     return outcome, capture
+
+
+# Below this many bytes of streams one process parses them: starting the pool's interpreters
+# (about 0.5 s, bench/transform_parallel.py) would cost more than a second core saves.
+PARALLEL_BYTES = 64 << 20
+
+_worker: tuple[Store, Plan, frozenset[str]] | None = None  # what each pool process parses against
+
+
+def _start_worker(store: Store, plan: Plan, identifiers: frozenset[str]) -> None:
+    global _worker
+    _worker = (store, plan, identifiers)
+
+
+def _worker_outcome(keys: layout.SessionKeys) -> tuple[SessionOutcome, dict[str, Any]]:
+    assert _worker is not None, "the pool's initializer gives each process its store and plan"
+    store, plan, identifiers = _worker
+    return session_outcome(store, plan, keys, identifiers)
+
+
+def _outcomes(store: Store, plan: Plan, identifiers: frozenset[str], sessions: list[tuple[layout.SessionKeys, int]],
+              workers: int, progress: Callable[[int, int], None] | None) -> list[tuple[SessionOutcome, dict[str, Any]]]:
+    """Each session's outcome, in the order given: parsed here, or by ``workers`` processes
+    once the streams (their sizes as the ledger recorded them) are worth it. Each process
+    parses one stream at a time, so its memory is bounded by the longest line as in one
+    process; results come back in order, so the transcripts are byte for byte the same.
+    Processes are spawned, not forked: the runner has threads (a live board, the gateway)."""
+    total = len(sessions)
+    workers = min(workers, total)
+    results: Iterator[tuple[SessionOutcome, dict[str, Any]]]
+    if workers <= 1 or sum(size for _, size in sessions) < PARALLEL_BYTES:
+        results = (session_outcome(store, plan, keys, identifiers) for keys, _ in sessions)
+        return _counted(results, total, progress)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                             initargs=(store, plan, identifiers)) as pool:
+        chunk = max(1, min(16, total // (workers * 8)))
+        return _counted(pool.map(_worker_outcome, [keys for keys, _ in sessions], chunksize=chunk), total, progress)
+
+
+def _counted(results: Iterable[tuple[SessionOutcome, dict[str, Any]]], total: int,
+             progress: Callable[[int, int], None] | None) -> list[tuple[SessionOutcome, dict[str, Any]]]:
+    out = []
+    for result in results:
+        out.append(result)
+        if progress is not None:
+            progress(len(out), total)
+    return out
 
 
 def _measured_confinement(captures: list[dict[str, Any]]) -> str | None:
@@ -282,34 +331,42 @@ class Transformed:
     transcripts: dict[str, str]  # arm -> the transcript's text, for the arms whose transcript was confirmed
 
 
-def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], None] | None = None) -> Transformed:
+def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], None] | None = None,
+                       workers: int = 1) -> Transformed:
     """The transform as a reading of the store: ``run_transform`` writes what it makes, and
-    ``probe-runner report`` shows it, so both count sessions the same way. ``progress(done,
-    total)`` is called after each session."""
+    ``probe-runner report`` shows it, so both count sessions the same way. The captured
+    sessions' streams are parsed by up to ``workers`` processes (``_outcomes``);
+    ``progress(done, total)`` is called as each is."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     identifiers = load_identifiers(store, plan.campaign)
     report = TransformReport()
     records: list[SessionRecord] = []
-    specs = plan.sessions()
-    for n, spec in enumerate(specs, 1):
+    why: dict[int, str] = {}  # record index -> why it is not recorded
+    to_parse: list[tuple[SessionRecord, layout.SessionKeys, int]] = []
+    for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
-        record = SessionRecord(spec, status, st.attempt if st else 0,
-                               stream=(st.detail.get("stream") or {}).get("key") if st else None)
-        records.append(record)
+        written = (st.detail.get("stream") or {}) if st else {}
+        record = SessionRecord(spec, status, st.attempt if st else 0, stream=written.get("key"))
         # A session the time limit ended was watched until then: recorded with what it showed.
         if st is None or (status != "succeeded" and not (status == "failed" and st.detail.get("timed_out"))):
-            report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
-                                    "arm": spec.arm, "status": status, "reason": f"not recorded: {_not_recorded(status, st)}"})
+            why[len(records)] = f"not recorded: {_not_recorded(status, st)}"
         else:
-            keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt)
-            record.outcome, record.capture = session_outcome(store, plan, keys, identifiers)
-            for reason in record.outcome.refusals:
-                report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
-                                        "arm": spec.arm, "status": "refused", "reason": reason})
-        if progress is not None:
-            progress(n, len(specs))
+            to_parse.append((record, layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt),
+                             int(written.get("bytes") or 0)))
+        records.append(record)
+    parsed = _outcomes(store, plan, identifiers, [(keys, size) for _, keys, size in to_parse], workers, progress)
+    for (record, _, _), (outcome, capture) in zip(to_parse, parsed, strict=True):
+        record.outcome, record.capture = outcome, capture
+    for i, record in enumerate(records):  # the refusals in the plan's order, however the streams were parsed
+        spec = record.spec
+        if i in why:
+            report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
+                                    "arm": spec.arm, "status": record.status, "reason": why[i]})
+        for reason in record.outcome.refusals if record.outcome else []:
+            report.refusals.append({"scope": "session", "probe": spec.probe, "session": spec.name,
+                                    "arm": spec.arm, "status": "refused", "reason": reason})
 
     transcripts: dict[str, str] = {}
     for arm in (a.value for a in plan.arms):
@@ -362,10 +419,10 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
     return Transformed(report, records, transcripts)
 
 
-def run_transform(store: Store, plan: Plan) -> TransformReport:
+def run_transform(store: Store, plan: Plan, workers: int = 1) -> TransformReport:
     """Transform the campaign and write what it makes: each confirmed transcript (one the
     intake confirmation refused is deleted), refusals.json, and SHA256SUMS over them."""
-    done = transform_campaign(store, plan)
+    done = transform_campaign(store, plan, workers=workers)
     for arm in done.report.arms:
         if arm.key is not None:
             store.put(arm.key, done.transcripts[arm.arm].encode("utf-8"))

@@ -237,3 +237,29 @@ def test_an_undeclared_mcp_server_is_refused_and_a_declared_one_is_not(claude_co
     assert out.event is None
     assert any("MCP server 'extra'" in r for r in out.refusals), out.refusals
     assert not any("'declared'" in r for r in out.refusals), out.refusals
+
+
+def test_the_transform_in_parallel_processes_makes_the_same_bytes(campaign, monkeypatch):
+    """Issue 17: the streams parsed by a pool of spawned processes give the transcripts and
+    refusals of one process, byte for byte."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from runner.transform import run as transform_run
+
+    pools = []
+
+    class Counted(ProcessPoolExecutor):
+        def __init__(self, *a, **kw):
+            pools.append(a[0] if a else kw.get("max_workers"))
+            super().__init__(*a, **kw)
+
+    one = transform_run.transform_campaign(campaign["store"], campaign["plan"])
+    monkeypatch.setattr(transform_run, "ProcessPoolExecutor", Counted)
+    monkeypatch.setattr(transform_run, "PARALLEL_BYTES", 0)  # these streams are small: parse them in the pool anyway
+    done: list[tuple[int, int]] = []
+    two = transform_run.transform_campaign(campaign["store"], campaign["plan"], lambda n, total: done.append((n, total)), workers=2)
+    assert pools == [2]
+    assert two.transcripts == one.transcripts and two.transcripts["present"] == campaign["text"]
+    assert two.report.refusals == one.report.refusals
+    assert [(r.spec, r.outcome, r.recorded) for r in two.sessions] == [(r.spec, r.outcome, r.recorded) for r in one.sessions]
+    assert done == [(n, 5) for n in range(1, 6)]

@@ -188,6 +188,14 @@ def test_a_whole_campaign_runs_on_the_s3_store(moto_endpoint, tmp_path, claude_c
     assert len(links) == 8 and all("X-Amz-Expires=7200" in link for link in links)
     with urllib.request.urlopen(links[0], timeout=10) as r:
         assert r.read() == store.get(f"campaigns/{campaign}/sessions/HW-PRB-0007/present-001/stream.jsonl")
+    # The transform's pool rebuilds the S3 store in each spawned process (its client does not pickle).
+    from runner.campaign import load_stored_plan
+    from runner.transform import run as transform_run
+
+    monkeypatch.setattr(transform_run, "PARALLEL_BYTES", 0)
+    plan = load_stored_plan(store, campaign)
+    two = transform_run.transform_campaign(store, plan, workers=2)
+    assert two.transcripts["present"].encode() == store.get(f"campaigns/{campaign}/transcripts/campaign-present.md")
 
 
 def test_writing_a_key_again_supersedes_what_a_dead_writer_left(store):

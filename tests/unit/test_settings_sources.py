@@ -35,3 +35,18 @@ def test_a_config_map_reads_as_the_environment_does(monkeypatch):
     assert over.harness.max_turns == from_env.harness.max_turns == 7
     assert over.log.format == from_env.log.format == "json" and over.s3.endpoint_url == "http://minio:9000"
     assert over.kube.namespace == "probes" and over.concurrency == 5  # not in the ConfigMap: the base's values
+
+
+@pytest.mark.parametrize(("cpu_max", "expected"), [
+    (None, "all"), ("max 100000\n", "all"), ("50000 100000\n", 1), ("150000 100000\n", 2), ("100000000 100000\n", "all"),
+])
+def test_transform_workers_default_to_the_cpus_a_pod_may_use(tmp_path, cpu_max, expected):
+    import os
+
+    from runner.settings import usable_cpus
+
+    path = tmp_path / "cpu.max"
+    if cpu_max is not None:
+        path.write_text(cpu_max)
+    cpus = len(os.sched_getaffinity(0))
+    assert usable_cpus(path) == (cpus if expected == "all" else min(cpus, expected))
