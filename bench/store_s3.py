@@ -8,8 +8,8 @@ peak RSS (``VmHWM`` of /proc/self/status) is its own:
 - baseline: interpreter, boto3 and the runner's store imported, the line generator built and
   one small object put (the fixed cost of any upload);
 - stream: the bytes go through ``S3Store.writer`` in 64 KiB chunks, as the local executor
-  hands them over (multipart, one part buffered in memory, the rest of the tail spooled to
-  local disk);
+  hands them over (multipart, the tail spooled to local disk), twice: one part at a time
+  (``parts_in_flight`` 1) and with ``--parts-in-flight`` parts uploading at once (default 4);
 - single-shot: the bytes are read whole into memory, then sent with one ``put_object`` (what
   ``aws s3 cp -`` does with a small file).
 
@@ -17,10 +17,10 @@ The stream is synthetic stream-json: an init line, then assistant text and tool 
 results of varied sizes, retry and rate-limit notices, and a result line, generated on the fly
 from a small pool of line templates (never held whole in memory). Generation time is measured
 apart and left out of the throughput. The run asserts that the stream's peak RSS stays within
-the baseline plus two part sizes plus a fixed allowance, and that both stored objects read back
+the baseline plus (parts in flight + 1) part sizes plus a fixed allowance, and that every stored object reads back
 with the expected size and sha256.
 
-    python bench/store_s3.py [--size 1GiB] [--part-size 8MiB]
+    python bench/store_s3.py [--size 1GiB] [--part-size 8MiB] [--parts-in-flight 4]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 
 MIB = 1 << 20
 CHUNK = 64 * 1024  # what the local executor reads from the harness at a time
-ALLOWANCE = 32 * MIB  # fixed allowance above baseline + 2 parts (see bench/README.md for what was measured)
+ALLOWANCE = 32 * MIB  # fixed allowance above baseline + (parts in flight + 1) parts (see bench/README.md for what was measured)
 
 
 def parse_size(text: str) -> int:
@@ -134,7 +134,8 @@ def child(args) -> None:
     from runner.settings import S3Settings
     from runner.store.s3 import S3Store
 
-    store = S3Store(args.bucket, "bench", S3Settings(endpoint_url=args.endpoint, region="us-east-1", part_size=args.part_size),
+    store = S3Store(args.bucket, "bench", S3Settings(endpoint_url=args.endpoint, region="us-east-1", part_size=args.part_size,
+                                                     parts_in_flight=args.parts_in_flight),
                     spool_dir=Path(args.spool))
     pool = line_pool()
     store.put(f"warm-{args.child}", b"{}\n")  # loads the service model and opens the connection pool
@@ -170,9 +171,10 @@ def child(args) -> None:
     print(json.dumps(out), flush=True)
 
 
-def run_child(side: str, args, endpoint: str, spool: str) -> dict:
+def run_child(side: str, args, endpoint: str, spool: str, parts_in_flight: int = 1) -> dict:
     cmd = [sys.executable, __file__, "--child", side, "--endpoint", endpoint, "--bucket", args.bucket,
-           "--size", str(args.size), "--part-size", str(args.part_size), "--spool", spool]
+           "--size", str(args.size), "--part-size", str(args.part_size), "--spool", spool,
+           "--parts-in-flight", str(parts_in_flight)]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "AWS_ACCESS_KEY_ID": "bench",
                                                                       "AWS_SECRET_ACCESS_KEY": "bench"})
     if done.returncode != 0:
@@ -193,6 +195,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=parse_size, default=1 << 30, help="bytes of stream, e.g. 64MiB or 1GiB (default 1GiB)")
     ap.add_argument("--part-size", type=parse_size, default=8 * MIB, help="multipart part size (default 8MiB, the setting's default)")
+    ap.add_argument("--parts-in-flight", type=int, default=4, help="parts uploaded at once by the parallel stream (default 4, "
+                                                                   "the setting's default)")
     ap.add_argument("--child", choices=["baseline", "stream", "single"], help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--bucket", default="bench", help=argparse.SUPPRESS)
@@ -224,21 +228,32 @@ def main() -> int:
                   f"moto server at {endpoint}", flush=True)
             base = run_child("baseline", args, endpoint, spool)
             print(f"baseline (interpreter + boto3 + store + generator, one small put): peak RSS {base['hwm'] / MIB:.1f} MiB", flush=True)
-            rows = []
-            for side, key in (("stream", "bench/stream.jsonl"), ("single", "bench/single.jsonl")):
-                r = run_child(side, args, endpoint, spool)
+            rows = {}
+            for name, side, key, flight in (("one part at a time", "stream", "bench/stream.jsonl", 1),
+                                            (f"{args.parts_in_flight} parts in flight", "stream", "bench/stream.jsonl",
+                                             args.parts_in_flight),
+                                            ("single-shot", "single", "bench/single.jsonl", 1)):
+                r = run_child(side, args, endpoint, spool, flight)
                 size, sha = stored_digest(client, args.bucket, key)
                 assert size == args.size == r["bytes"] and sha == r["expected"], f"{side}: stored {size} bytes {sha}, expected {r}"
                 client.delete_object(Bucket=args.bucket, Key=key)  # moto keeps it in this process's memory
-                rows.append(r)
-                print(f"{side:>11}: {r['bytes'] / 1e6 / r['seconds']:7.1f} MB/s ({r['seconds']:.1f} s upload, "
+                rows[name] = r
+                print(f"{name:>20}: {r['bytes'] / 1e6 / r['seconds']:7.1f} MB/s ({r['seconds']:.1f} s upload, "
                       f"{r['generation']:.1f} s generating, left out)  peak RSS {r['hwm'] / MIB:7.1f} MiB "
                       f"(+{(r['hwm'] - base['hwm']) / MIB:.1f} over baseline)  read back: size and sha256 match", flush=True)
-            bound = base["hwm"] + 2 * args.part_size + ALLOWANCE
-            stream = rows[0]
-            print(f"stream peak RSS {stream['hwm'] / MIB:.1f} MiB <= baseline + 2 parts + {ALLOWANCE // MIB} MiB = "
-                  f"{bound / MIB:.1f} MiB: {'yes' if stream['hwm'] <= bound else 'NO'}")
-            if stream["hwm"] > bound:
+            single = rows["single-shot"]
+            ok = True
+            for name, flight in (("one part at a time", 1), (f"{args.parts_in_flight} parts in flight", args.parts_in_flight)):
+                r = rows[name]
+                bound = base["hwm"] + (flight + 1) * args.part_size + ALLOWANCE
+                ok = ok and r["hwm"] <= bound
+                print(f"{name}: {single['seconds'] / r['seconds']:.2f}x the single-shot throughput; peak RSS "
+                      f"{r['hwm'] / MIB:.1f} MiB <= baseline + ({flight} + 1) parts + {ALLOWANCE // MIB} MiB = "
+                      f"{bound / MIB:.1f} MiB: {'yes' if r['hwm'] <= bound else 'NO'}")
+            ratio = single["seconds"] / rows[f"{args.parts_in_flight} parts in flight"]["seconds"]
+            print(f"verdict: {args.parts_in_flight} parts in flight {ratio:.2f}x the single-shot throughput; goal >= 0.9x "
+                  f"{'holds' if ratio >= 0.9 else 'does not hold'}; memory bound {'holds' if ok else 'does not hold'}")
+            if not ok:
                 return 1
     finally:
         server.stop()

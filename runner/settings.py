@@ -179,7 +179,13 @@ class S3Settings(BaseModel):
     region: str | None = Field(None, description="S3 region. Default: the AWS configuration's (AWS_REGION / AWS_DEFAULT_REGION).")
     part_size: int = Field(
         8 * 1024 * 1024, ge=5 * 1024 * 1024,
-        description="Multipart part size in bytes; a stream holds at most one part in memory. Default: 8 MiB (S3's minimum is 5 MiB).",
+        description="Multipart part size in bytes. Default: 8 MiB (S3's minimum is 5 MiB).",
+    )
+    parts_in_flight: int = Field(
+        4, ge=1,
+        description="Parts of one stream uploaded at once, while the next part fills; a stream holds at most "
+        "parts_in_flight + 1 parts in memory, and as many in its local spool until each is uploaded. 1: one part "
+        "after another. Default: 4.",
     )
     attempts: int = Field(5, ge=1, description="Attempts per S3 call for transient errors (5xx, throttling, connection errors). Default: 5.")
     backoff_seconds: float = Field(0.5, ge=0, description="First retry delay in seconds, doubled per attempt up to 10 s. Default: 0.5.")

@@ -4,19 +4,23 @@ Retries are policy, not botocore's defaults: botocore's own retries are switched
 call goes through one tenacity policy that retries transient failures (5xx, throttling,
 connection errors) and fails fast on client errors, naming the bucket and key. Create-only
 writes are conditional puts (``If-None-Match: *``), so of two writers exactly one wins.
-Streams are multipart uploads holding at most one part in memory, spooled to local disk until
+Streams are multipart uploads with up to ``parts_in_flight`` parts uploading at once while the
+next one fills (so memory holds at most that many parts plus one), spooled to local disk until
 each part is uploaded, so a killed process loses nothing it accepted: its uploaded parts stay
 in S3 and the rest is in the spool, on the disk of the host it ran on (lose that host and at
-most one part's worth of bytes is gone). ``salvage`` keeps both under another key.
+most ``parts_in_flight + 1`` parts' worth of bytes is gone). ``salvage`` keeps both under
+another key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlparse
@@ -29,6 +33,8 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from runner.errors import UserError
 from runner.retry import RetryPolicy
 from runner.store.base import AlreadyExists, NotFound, Store, StoreError, StreamWriter
+
+log = logging.getLogger(__name__)
 
 _THROTTLING = {"Throttling", "ThrottlingException", "SlowDown", "RequestLimitExceeded", "TooManyRequests",
                "RequestTimeout", "InternalError", "ServiceUnavailable"}
@@ -217,14 +223,15 @@ class S3Store(Store):
                 shutil.rmtree(spool, ignore_errors=True)
                 return None
             orphans = self._uploads(full)
-            parts = self._parts(full, orphans[-1]) if orphans else []
-            tail = _read_if_there(spool / _spool_part(len(parts) + 1))
+            parts = _prefix(self._parts(full, orphans[-1])) if orphans else []
+            tail = _spooled(spool, len(parts) + 1)
             if not parts and not tail:  # it died before accepting a byte
                 self._forget(key, full, spool)
                 return None
             note = f"{len(parts)} uploaded part(s) + " + (
                 f"{len(tail)} spooled bytes" if tail is not None
-                else "no spool on this host: bytes after the uploaded parts (at most one part) are lost")
+                else f"no spool on this host: bytes after the uploaded parts (at most {self.settings.parts_in_flight + 1} "
+                     "parts) are lost")
             if not parts:
                 self.call("put_object", Bucket=self.bucket, Key=dfull, Body=tail, IfNoneMatch="*", Metadata={"salvage": note})
                 self._forget(key, full, spool)
@@ -232,12 +239,15 @@ class S3Store(Store):
             spool.mkdir(parents=True, exist_ok=True)
             state.write_text(json.dumps({"parts": len(parts)}))
             begun = [self.call("create_multipart_upload", Bucket=self.bucket, Key=dfull, Metadata={"salvage": note})["UploadId"]]
+        kept = json.loads(state.read_text())["parts"] if state.exists() else None
         if not self.exists(key):
             orphan = self._uploads(full)[-1]
-            parts = self._parts(full, orphan)
+            # The prefix as the first step counted it: a part sent before the writer died may
+            # have landed since, and its bytes are in the tail.
+            parts = _prefix(self._parts(full, orphan))[:kept]
             self.call("complete_multipart_upload", Bucket=self.bucket, Key=full, UploadId=orphan, IfNoneMatch="*",
                       MultipartUpload={"Parts": parts})
-        tail = _read_if_there(spool / _spool_part(json.loads(state.read_text())["parts"] + 1)) if state.exists() else None
+        tail = _spooled(spool, kept + 1) if kept is not None else None
         upload = begun[-1]
         size = self.call("head_object", Bucket=self.bucket, Key=full)["ContentLength"]
         step, ranges, start = max(self.settings.part_size, 5 << 20), [], 0
@@ -273,12 +283,15 @@ class S3Store(Store):
 
 
 class _S3StreamWriter(StreamWriter):
-    """A multipart upload: parts go up as they fill, so memory holds at most one part.
+    """A multipart upload: a part goes up as it fills, up to ``parts_in_flight`` at once from a
+    thread pool while the next one fills, so memory holds at most that many parts plus one.
 
     Every byte is also appended to a spool file on local disk before ``write`` returns, one
-    file per part, deleted once its part is uploaded: a killed process thus leaves its
-    uploaded parts in S3 and the rest of the stream in the spool, and :meth:`S3Store.salvage`
-    joins the two. The spool never holds more than one part (plus the next, for a moment).
+    file per part. A part's file is deleted only once it and every part before it are
+    uploaded, so a killed process leaves a prefix of uploaded parts in S3 and every byte after
+    that prefix in the spool (parts that finished out of order are in both), and
+    :meth:`S3Store.salvage` joins the two. A part that fails for good (after the retry policy)
+    raises from the next ``write`` or from ``commit``.
     """
 
     def __init__(self, store: S3Store, key: str, create_only: bool):
@@ -295,19 +308,49 @@ class _S3StreamWriter(StreamWriter):
         self.spool.mkdir(parents=True)
         (self.spool / "target").write_text(f"s3://{store.bucket}/{self.full}\n")
         self.buffer = bytearray()
-        self.parts: list[dict] = []
+        self.parts: list[dict] = []  # uploaded, in the order they finished
+        self.sent = 0  # parts handed to the upload so far
+        self.confirmed = 0  # parts 1..confirmed are uploaded and their spool files gone
+        self.inflight: dict[Future, int] = {}
+        self.pool = ThreadPoolExecutor(store.settings.parts_in_flight, thread_name_prefix="s3-part") \
+            if store.settings.parts_in_flight > 1 else None
         self.upload_id: str | None = None
         self._tail = open(self.spool / _spool_part(1), "wb")
+
+    def _send(self, n: int, body: bytes | bytearray) -> dict:
+        s = self.store
+        etag = s.call("upload_part", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id, PartNumber=n, Body=body)["ETag"]
+        return {"PartNumber": n, "ETag": etag}
 
     def _upload_part(self) -> None:
         s = self.store
         if self.upload_id is None:
             self.upload_id = s.call("create_multipart_upload", Bucket=s.bucket, Key=self.full)["UploadId"]
-        n = len(self.parts) + 1
-        etag = s.call("upload_part", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id, PartNumber=n,
-                      Body=self.buffer)["ETag"]
-        self.parts.append({"PartNumber": n, "ETag": etag})
+        self.sent += 1
+        if self.pool is None:  # one part after another: the buffer goes as it is, never copied
+            self._uploaded(self._send(self.sent, self.buffer))
+        else:
+            while len(self.inflight) >= s.settings.parts_in_flight:
+                self._reap(FIRST_COMPLETED)
+            self.inflight[self.pool.submit(self._send, self.sent, bytes(self.buffer))] = self.sent
+            self._reap(None)
         self.buffer.clear()
+
+    def _reap(self, until: str | None) -> None:
+        """Take the finished parts (waiting ``until`` FIRST_COMPLETED or ALL_COMPLETED; None:
+        not at all); a failed one raises here, in the writer's thread."""
+        if until is not None and self.inflight:
+            wait(self.inflight, return_when=until)
+        for future in [f for f in self.inflight if f.done()]:
+            del self.inflight[future]
+            self._uploaded(future.result())
+
+    def _uploaded(self, part: dict) -> None:
+        self.parts.append(part)
+        done = {p["PartNumber"] for p in self.parts}
+        while self.confirmed + 1 in done:
+            self.confirmed += 1
+            (self.spool / _spool_part(self.confirmed)).unlink()
 
     def _write(self, data: bytes) -> None:
         size = self.store.settings.part_size
@@ -318,23 +361,25 @@ class _S3StreamWriter(StreamWriter):
             self._tail.flush()  # with the OS before the bytes count as accepted
             self.buffer += head
             if len(self.buffer) == size:
+                self._tail.close()  # the part is whole in its file before it is sent
                 self._upload_part()
-                n = len(self.parts)
-                self._tail.close()
-                self._tail = open(self.spool / _spool_part(n + 1), "wb")
-                (self.spool / _spool_part(n)).unlink()
+                self._tail = open(self.spool / _spool_part(self.sent + 1), "wb")
 
     def commit(self) -> None:
         s = self.store
         self._tail.close()
-        if self.upload_id is None:
-            s.put(self.key, bytes(self.buffer), create_only=self.create_only)
-        else:
-            if self.buffer:
-                self._upload_part()
-            extra = {"IfNoneMatch": "*"} if self.create_only else {}
-            s.call("complete_multipart_upload", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id,
-                   MultipartUpload={"Parts": self.parts}, **extra)
+        try:
+            if self.upload_id is None:
+                s.put(self.key, bytes(self.buffer), create_only=self.create_only)
+            else:
+                if self.buffer:
+                    self._upload_part()
+                self._reap(ALL_COMPLETED)
+                extra = {"IfNoneMatch": "*"} if self.create_only else {}
+                s.call("complete_multipart_upload", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id,
+                       MultipartUpload={"Parts": sorted(self.parts, key=lambda p: p["PartNumber"])}, **extra)
+        finally:
+            self._close_pool()
         size = s.call("head_object", Bucket=s.bucket, Key=self.full)["ContentLength"]
         if size != self.size:
             raise StoreError(f"s3://{s.bucket}/{self.full}: {size} bytes stored, {self.size} written")
@@ -343,10 +388,45 @@ class _S3StreamWriter(StreamWriter):
     def abort(self) -> None:
         # The uploaded parts stay in the incomplete upload and the rest in the spool: salvage keeps them.
         self._tail.close()
+        self._close_pool()
+
+    def _close_pool(self) -> None:
+        """Let the parts in flight finish (a failed one is in the spool still, for salvage)."""
+        if self.pool is None:
+            return
+        for future in list(self.inflight):
+            try:
+                self._uploaded(future.result())
+            except StoreError as e:
+                log.warning("s3://%s/%s: a part of an abandoned upload failed (its bytes stay in the spool): %s",
+                            self.store.bucket, self.full, e)
+            del self.inflight[future]
+        self.pool.shutdown()
+        self.pool = None
 
 
 def _spool_part(n: int) -> str:
     return f"part-{n:05d}"
+
+
+def _prefix(parts: list[dict]) -> list[dict]:
+    """The uploaded parts numbered 1..k without a gap: a writer with parts in flight can die
+    with later parts uploaded and an earlier one not; what follows the gap is in its spool."""
+    ordered = sorted(parts, key=lambda p: p["PartNumber"])
+    k = 0
+    while k < len(ordered) and ordered[k]["PartNumber"] == k + 1:
+        k += 1
+    return ordered[:k]
+
+
+def _spooled(spool: Path, first: int) -> bytes | None:
+    """The spool's part files from ``first`` on, joined; None where there is not even that one."""
+    chunks = []
+    n = first
+    while (chunk := _read_if_there(spool / _spool_part(n))) is not None:
+        chunks.append(chunk)
+        n += 1
+    return b"".join(chunks) if chunks else None
 
 
 def _read_if_there(path: Path) -> bytes | None:

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -212,7 +213,8 @@ if spec["kind"] == "file":
 else:
     from runner.settings import S3Settings
     from runner.store.s3 import S3Store
-    store = S3Store(spec["bucket"], "p", S3Settings(endpoint_url=spec["endpoint"], region="us-east-1", part_size=5 << 20),
+    store = S3Store(spec["bucket"], "p", S3Settings(endpoint_url=spec["endpoint"], region="us-east-1", part_size=5 << 20,
+                                                    parts_in_flight=spec.get("parts_in_flight", 1)),
                     spool_dir=Path(spec["spool"]))
 w = store.writer("s/stream.jsonl")
 sha, n, i = hashlib.sha256(), 0, 0
@@ -262,8 +264,9 @@ class FaultyRelay:
 
     ``inject(match, *faults)`` queues faults for the requests ``match(method, path)`` selects,
     one per request, in order: "500" (InternalError), "503" (SlowDown), "403" (AccessDenied),
-    or "drop" (read half of the request body, then close the connection). Every request is
-    logged as (method, path, what happened), so tests count attempts as S3 saw them.
+    "drop" (read half of the request body, then close the connection), or "hold" (read the
+    request, then relay it only once ``release()`` is called). Every request is logged as
+    (method, path, what happened), so tests count attempts as S3 saw them.
     """
 
     ERRORS = {"500": (500, "InternalError"), "503": (503, "SlowDown"), "403": (403, "AccessDenied")}
@@ -273,6 +276,7 @@ class FaultyRelay:
         self.faults: list[list] = []
         self.log: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
+        self.released = threading.Event()
         relay = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -291,7 +295,9 @@ class FaultyRelay:
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 body = self.rfile.read(length)
-                if fault:
+                if fault == "hold":
+                    relay.released.wait(60)
+                elif fault:
                     status, code = relay.ERRORS[fault]
                     xml = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
                     self.send_response(status)
@@ -321,6 +327,9 @@ class FaultyRelay:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def release(self) -> None:
+        self.released.set()
 
     def inject(self, match, *faults: str) -> None:
         with self.lock:
@@ -383,8 +392,9 @@ def test_a_part_failing_on_every_attempt_stops_after_the_policys_attempts(relay,
     store = _relayed_store(relay, tmp_path, attempts=3)
     relay.inject(upload_part(1), "503", "drop", "500", "500")
     w = store.writer("s/stream.jsonl")
+    w.write(b"z" * (5 * MIB))  # accepted (in the spool); the part goes up while the next fills
     with pytest.raises(StoreError, match=f"upload_part s3://{relay.bucket}/p/s/stream.jsonl: InternalError"):
-        w.write(b"z" * (5 * MIB))
+        w.commit()  # the part's failure raises in the writer's thread, from commit or the next write
     assert relay.attempts(upload_part(1)) == ["503", "drop", "500"]  # three attempts, the fourth fault unused
 
 
@@ -421,7 +431,7 @@ def test_a_salvage_cut_short_is_finished_by_the_next_call(relay, tmp_path):
 
 def test_without_the_spool_the_uploaded_parts_are_kept_and_the_loss_is_stated(relay, tmp_path):
     """Recovering on another host (no spool): what S3 holds is kept; the note says the rest,
-    at most one part, is gone."""
+    at most the parts in flight and the one filling, is gone."""
     store = _relayed_store(relay, tmp_path)
     data = os.urandom(12 * MIB)
     w = store.writer("s/stream.jsonl")
@@ -430,4 +440,55 @@ def test_without_the_spool_the_uploaded_parts_are_kept_and_the_loss_is_stated(re
     shutil.rmtree(tmp_path / "spool")
     kept = store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl")
     assert store.get("s/stream.incomplete.jsonl") == data[:10 * MIB] and kept["bytes"] == 10 * MIB
-    assert kept["kept_from"] == "2 uploaded part(s) + no spool on this host: bytes after the uploaded parts (at most one part) are lost"
+    assert kept["kept_from"] == "2 uploaded part(s) + no spool on this host: bytes after the uploaded parts (at most 5 parts) are lost"
+
+
+KILLED_WITH_A_PART_IN_FLIGHT = r"""
+import hashlib, json, os, signal, sys, time
+from pathlib import Path
+from runner.settings import S3Settings
+from runner.store.s3 import S3Store
+spec = json.loads(sys.argv[1])
+store = S3Store(spec["bucket"], "p", S3Settings(endpoint_url=spec["endpoint"], region="us-east-1", part_size=5 << 20,
+                                                parts_in_flight=4), spool_dir=Path(spec["spool"]))
+w = store.writer("s/stream.jsonl")
+data = os.urandom(17 * (1 << 20) + 99)  # three whole parts, then 2 MiB filling the fourth
+w.write(data)
+deadline = time.monotonic() + 60
+while {n for f, n in w.inflight.items() if f.done()} != {2, 3}:  # part 1 is held at the relay
+    assert time.monotonic() < deadline, "parts 2 and 3 did not finish"
+    time.sleep(0.02)
+print(len(data), "sha256:" + hashlib.sha256(data).hexdigest(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("released", ["after", "before"])
+def test_a_writer_killed_with_an_earlier_part_in_flight_loses_no_byte(relay, tmp_path, released):
+    """Parts in flight finish out of order: part 1 is held at the relay while 2 and 3 are
+    uploaded, and the writer is SIGKILLed. Its spool still holds every part from the first one
+    not uploaded, so the salvage keeps every accepted byte whether part 1 lands before it
+    (a prefix of three parts, then the spool's tail) or after it (the spool alone)."""
+    relay.inject(upload_part(1), "hold")
+    spec = {"bucket": relay.bucket, "endpoint": relay.url, "spool": str(tmp_path / "spool")}
+    child = subprocess.run([sys.executable, "-c", KILLED_WITH_A_PART_IN_FLIGHT, json.dumps(spec)],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    size, sha = child.stdout.split()
+    assert relay.attempts(upload_part(2)) == ["relayed"] and relay.attempts(upload_part(3)) == ["relayed"]
+    store = _relayed_store(relay, tmp_path)
+    if released == "before":
+        relay.release()
+        _wait_for(lambda: any(p["PartNumber"] == 1 for p in store._parts("p/s/stream.jsonl", store._uploads("p/s/stream.jsonl")[-1])))
+    kept = store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl")
+    relay.release()
+    assert (kept["bytes"], kept["sha256"]) == (int(size), sha)
+    assert kept["kept_from"].startswith("3 uploaded part(s) + " if released == "before" else "0 uploaded part(s) + ")
+    assert not store.exists("s/stream.jsonl")
+
+
+def _wait_for(condition, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
