@@ -154,8 +154,10 @@ def child(args) -> None:
                 break
             sha.update(chunk)
             w.write(chunk)
+        accepted = time.perf_counter()
         w.commit()
         out.update(seconds=time.perf_counter() - t0 - gen, generation=gen, bytes=w.size, sha256=w.sha256,
+                   commit=time.perf_counter() - accepted,
                    expected="sha256:" + sha.hexdigest(), hwm=vm_hwm())
     else:
         g = time.perf_counter()
@@ -238,7 +240,8 @@ def main() -> int:
                 assert size == args.size == r["bytes"] and sha == r["expected"], f"{side}: stored {size} bytes {sha}, expected {r}"
                 client.delete_object(Bucket=args.bucket, Key=key)  # moto keeps it in this process's memory
                 rows[name] = r
-                print(f"{name:>20}: {r['bytes'] / 1e6 / r['seconds']:7.1f} MB/s ({r['seconds']:.1f} s upload, "
+                commit = f", {r['commit']:.1f} s of it in commit" if "commit" in r else ""
+                print(f"{name:>20}: {r['bytes'] / 1e6 / r['seconds']:7.1f} MB/s ({r['seconds']:.1f} s upload{commit}, "
                       f"{r['generation']:.1f} s generating, left out)  peak RSS {r['hwm'] / MIB:7.1f} MiB "
                       f"(+{(r['hwm'] - base['hwm']) / MIB:.1f} over baseline)  read back: size and sha256 match", flush=True)
             single = rows["single-shot"]

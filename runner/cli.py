@@ -363,7 +363,8 @@ def transform(settings: Settings, campaign: str, job: bool) -> int:
 
     store, plan = stored_campaign(settings, campaign)
     if not job:
-        return print_report(store, plan, run_transform(store, plan, settings.transform.workers))
+        return print_report(store, plan, run_transform(store, plan, settings.transform.workers,
+                                                          settings.transform.parallel_min_bytes))
     from runner.k8s import jobs
     from runner.k8s.api import Kube
 
@@ -516,7 +517,8 @@ def report(settings: Settings, campaign: str, out: Path | None, link_hours: floa
     if not out.parent.resolve().is_dir():
         raise UserError(f"--out {out}: {out.parent} is not a directory")
     with progress_bar("reading the stored streams") as advance:
-        figures = campaign_figures(store, plan, int(link_hours * 3600), advance, workers=settings.transform.workers)
+        figures = campaign_figures(store, plan, int(link_hours * 3600), advance, workers=settings.transform.workers,
+                                   parallel_min_bytes=settings.transform.parallel_min_bytes)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(render(figures), encoding="utf-8")
     tmp.replace(out)

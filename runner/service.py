@@ -69,4 +69,5 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
                                   produced or [], resume=resume, backoff=backoff, budget=settings.budget)
         finally:
             runner.close()
-        return CampaignRun(store, report, run_transform(store, plan, settings.transform.workers))
+        return CampaignRun(store, report, run_transform(store, plan, settings.transform.workers,
+                                                         settings.transform.parallel_min_bytes))

@@ -155,9 +155,14 @@ class TransformSettings(BaseModel):
     workers: int = Field(
         default_factory=usable_cpus, ge=1,
         description="Processes that parse the captured sessions' streams at once (transform, report, the "
-        "transform Job); each parses one stream at a time, so memory stays bounded per process. One process "
-        "parses campaigns of less than 64 MiB of streams. Default: the CPUs this process may use (a pod's CPU "
-        "limit where it has one).",
+        "transform Job); each parses one stream at a time, so memory stays bounded per process. Default: the "
+        "CPUs this process may use (a pod's CPU limit where it has one).",
+    )
+    parallel_min_bytes: int = Field(
+        64 * 1024 * 1024, ge=0,
+        description="Least bytes of captured streams a campaign needs before more than one process parses them, "
+        "in bytes: below it starting the processes (about 0.5 s, bench/transform_parallel.py) costs more than "
+        "they save. Default: 64 MiB.",
     )
 
 

@@ -11,6 +11,7 @@ from runner.executors.local import LocalExecutor
 from runner.plan import Plan
 from runner.settings import Settings
 from runner.store import Store
+from runner.store.file import FileStore
 
 
 def run_local(plan: Plan, corpus: Path, store: Store, settings: Settings, concurrency: int,
@@ -21,3 +22,11 @@ def run_local(plan: Plan, corpus: Path, store: Store, settings: Settings, concur
                             progress_out=open(os.devnull, "w"))
     finally:
         executor.close()
+
+
+class DyingInPool(FileStore):
+    """A file store that kills the process it is unpickled in: a transform pool's process
+    dying as the kernel's OOM killer would end it."""
+
+    def __reduce__(self):
+        return os._exit, (137,)

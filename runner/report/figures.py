@@ -99,11 +99,11 @@ def _arm(arm: str, sessions: list[dict[str, Any]], transcript: str | None, curre
 
 
 def campaign_figures(store: Store, plan: Plan, link_seconds: int, progress: Callable[[int, int], None] | None = None,
-                     now: str | None = None, workers: int = 1) -> dict[str, Any]:
+                     now: str | None = None, workers: int = 1, parallel_min_bytes: int = 0) -> dict[str, Any]:
     """Everything the page shows, as JSON-able data (amounts as decimal strings). Links open
     the store's objects (``Store.link``), presigned for ``link_seconds`` on S3. A transcript is
     ``transcript_current`` when the stored one is what a transform would write now."""
-    done: Transformed = transform_campaign(store, plan, progress, workers)
+    done: Transformed = transform_campaign(store, plan, progress, workers, parallel_min_bytes)
 
     def link(key: str) -> str:
         return store.link(key, link_seconds)

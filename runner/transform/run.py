@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from decimal import MAX_PREC, Decimal, localcontext
 from typing import Any
 
 from runner import layout, stream
 from runner.campaign import load_identifiers
+from runner.errors import UserError
 from runner.ledger import Ledger, SessionState
 from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
 from runner.transform.events import SessionFacts, SessionOutcome, result_needed, session_event
 from runner.transform.intake import confirm_rendered
 from runner.transform.transcript import rendered
+
+log = logging.getLogger(__name__)
 
 CONTRACT_PROSE = (
     "Every session ran in permission mode dontAsk with --setting-sources project,local, one list "
@@ -110,10 +115,6 @@ def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
     return outcome, capture
 
 
-# Below this many bytes of streams one process parses them: starting the pool's interpreters
-# (about 0.5 s, bench/transform_parallel.py) would cost more than a second core saves.
-PARALLEL_BYTES = 64 << 20
-
 _worker: tuple[Store, Plan, frozenset[str]] | None = None  # what each pool process parses against
 
 
@@ -129,22 +130,30 @@ def _worker_outcome(keys: layout.SessionKeys) -> tuple[SessionOutcome, dict[str,
 
 
 def _outcomes(store: Store, plan: Plan, identifiers: frozenset[str], sessions: list[tuple[layout.SessionKeys, int]],
-              workers: int, progress: Callable[[int, int], None] | None) -> list[tuple[SessionOutcome, dict[str, Any]]]:
+              workers: int, min_bytes: int,
+              progress: Callable[[int, int], None] | None) -> list[tuple[SessionOutcome, dict[str, Any]]]:
     """Each session's outcome, in the order given: parsed here, or by ``workers`` processes
-    once the streams (their sizes as the ledger recorded them) are worth it. Each process
+    once the streams (their sizes as the ledger recorded them) hold ``min_bytes``. Each process
     parses one stream at a time, so its memory is bounded by the longest line as in one
     process; results come back in order, so the transcripts are byte for byte the same.
     Processes are spawned, not forked: the runner has threads (a live board, the gateway)."""
     total = len(sessions)
     workers = min(workers, total)
     results: Iterator[tuple[SessionOutcome, dict[str, Any]]]
-    if workers <= 1 or sum(size for _, size in sessions) < PARALLEL_BYTES:
+    size = sum(size for _, size in sessions)
+    if workers <= 1 or size < min_bytes:
         results = (session_outcome(store, plan, keys, identifiers) for keys, _ in sessions)
         return _counted(results, total, progress)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-                             initargs=(store, plan, identifiers)) as pool:
-        chunk = max(1, min(16, total // (workers * 8)))
-        return _counted(pool.map(_worker_outcome, [keys for keys, _ in sessions], chunksize=chunk), total, progress)
+    log.info("parsing %d streams (%d bytes) in %d processes", total, size, workers)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                                 initargs=(store, plan, identifiers)) as pool:
+            chunk = max(1, min(16, total // (workers * 8)))
+            return _counted(pool.map(_worker_outcome, [keys for keys, _ in sessions], chunksize=chunk), total, progress)
+    except BrokenProcessPool:  # a process of the pool died (the kernel's OOM killer, most likely): nothing was written
+        raise UserError(f"a transform process died while parsing the streams of {plan.campaign} ({workers} at once); "
+                        "nothing was written. Give the transform more memory, or set RUNNER_TRANSFORM__WORKERS=1 "
+                        "to parse one stream at a time in one process") from None
 
 
 def _counted(results: Iterable[tuple[SessionOutcome, dict[str, Any]]], total: int,
@@ -332,10 +341,11 @@ class Transformed:
 
 
 def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], None] | None = None,
-                       workers: int = 1) -> Transformed:
+                       workers: int = 1, parallel_min_bytes: int = 0) -> Transformed:
     """The transform as a reading of the store: ``run_transform`` writes what it makes, and
     ``probe-runner report`` shows it, so both count sessions the same way. The captured
-    sessions' streams are parsed by up to ``workers`` processes (``_outcomes``);
+    sessions' streams are parsed by up to ``workers`` processes once they hold
+    ``parallel_min_bytes`` (``_outcomes``);
     ``progress(done, total)`` is called as each is."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
@@ -356,7 +366,8 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
             to_parse.append((record, layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt),
                              int(written.get("bytes") or 0)))
         records.append(record)
-    parsed = _outcomes(store, plan, identifiers, [(keys, size) for _, keys, size in to_parse], workers, progress)
+    parsed = _outcomes(store, plan, identifiers, [(keys, size) for _, keys, size in to_parse], workers, parallel_min_bytes,
+                       progress)
     for (record, _, _), (outcome, capture) in zip(to_parse, parsed, strict=True):
         record.outcome, record.capture = outcome, capture
     for i, record in enumerate(records):  # the refusals in the plan's order, however the streams were parsed
@@ -419,10 +430,10 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
     return Transformed(report, records, transcripts)
 
 
-def run_transform(store: Store, plan: Plan, workers: int = 1) -> TransformReport:
+def run_transform(store: Store, plan: Plan, workers: int = 1, parallel_min_bytes: int = 0) -> TransformReport:
     """Transform the campaign and write what it makes: each confirmed transcript (one the
     intake confirmation refused is deleted), refusals.json, and SHA256SUMS over them."""
-    done = transform_campaign(store, plan, workers=workers)
+    done = transform_campaign(store, plan, workers=workers, parallel_min_bytes=parallel_min_bytes)
     for arm in done.report.arms:
         if arm.key is not None:
             store.put(arm.key, done.transcripts[arm.arm].encode("utf-8"))

@@ -214,6 +214,7 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     assert s.provider.base_url == v["provider"]["baseUrl"]
     assert s.concurrency == v["controller"]["concurrency"]
     assert (k.waiting_pods, k.waiting_grace_seconds) == (v["controller"]["waitingPods"], v["controller"]["waitingGraceSeconds"])
+    assert s.transform.parallel_min_bytes == v["controller"]["transformParallelMinBytes"]
     assert s.harness.timeout_seconds == v["session"]["timeoutSeconds"]
     money = v["budget"]
     assert (s.budget.campaign_usd, s.budget.session_usd, s.budget.call_usd) == tuple(

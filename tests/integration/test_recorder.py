@@ -255,7 +255,6 @@ def test_the_transform_in_parallel_processes_makes_the_same_bytes(campaign, monk
 
     one = transform_run.transform_campaign(campaign["store"], campaign["plan"])
     monkeypatch.setattr(transform_run, "ProcessPoolExecutor", Counted)
-    monkeypatch.setattr(transform_run, "PARALLEL_BYTES", 0)  # these streams are small: parse them in the pool anyway
     done: list[tuple[int, int]] = []
     two = transform_run.transform_campaign(campaign["store"], campaign["plan"], lambda n, total: done.append((n, total)), workers=2)
     assert pools == [2]
@@ -263,3 +262,15 @@ def test_the_transform_in_parallel_processes_makes_the_same_bytes(campaign, monk
     assert two.report.refusals == one.report.refusals
     assert [(r.spec, r.outcome, r.recorded) for r in two.sessions] == [(r.spec, r.outcome, r.recorded) for r in one.sessions]
     assert done == [(n, 5) for n in range(1, 6)]
+
+
+def test_a_transform_process_that_dies_is_one_clear_error_and_nothing_is_written(campaign):
+    from local_run import DyingInPool
+
+    from runner.errors import UserError
+
+    store = DyingInPool(campaign["store"].root)
+    before = {k: store.get(k) for k in store.list(layout.transcripts_prefix("itest"))}
+    with pytest.raises(UserError, match="a transform process died .* RUNNER_TRANSFORM__WORKERS=1"):
+        run_transform(store, campaign["plan"], workers=2)
+    assert {k: store.get(k) for k in store.list(layout.transcripts_prefix("itest"))} == before

@@ -192,7 +192,6 @@ def test_a_whole_campaign_runs_on_the_s3_store(moto_endpoint, tmp_path, claude_c
     from runner.campaign import load_stored_plan
     from runner.transform import run as transform_run
 
-    monkeypatch.setattr(transform_run, "PARALLEL_BYTES", 0)
     plan = load_stored_plan(store, campaign)
     two = transform_run.transform_campaign(store, plan, workers=2)
     assert two.transcripts["present"].encode() == store.get(f"campaigns/{campaign}/transcripts/campaign-present.md")

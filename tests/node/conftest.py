@@ -250,9 +250,11 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
         "bucket": {"store": "s3://probes/campaigns", "endpoint": bucket_endpoint, "region": "us-east-1",
                    "credentialsSecret": "bucket"},
-        "controller": {"concurrency": concurrency,
+        # The transform at the end of each campaign parses its streams in 2 processes of the
+        # controller's pod (its CPU limit), however few the bytes.
+        "controller": {"concurrency": concurrency, "transformParallelMinBytes": 0,
                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                     "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi"}}},
+                                     "limits": {"cpu": "2", "memory": "1Gi", "ephemeral-storage": "1Gi"}}},
         "session": {"timeoutSeconds": 300,
                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                   "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "1Gi"}},

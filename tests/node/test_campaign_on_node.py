@@ -75,6 +75,30 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
         assert "Confinement was measured, not assumed" in text
         assert "In every check each route was closed but the provider gateway, which answered." in text
 
+    # The controller's transform parsed the streams in 2 processes of its pod (the chart's
+    # transformParallelMinBytes is 0 here, its CPU limit 2): read-only root, non-root, spawned
+    # interpreters. Its transcripts are byte for byte what one process makes of the same streams.
+    node.kubectl("-n", install.namespace, "wait", "--for=condition=complete", f"job/{jobs.job_name(campaign)}", "--timeout=120s")
+    job_logs = node.kubectl("-n", install.namespace, "logs", f"job/{jobs.job_name(campaign)}").stdout
+    assert '"parsing 4 streams (' in job_logs and 'bytes) in 2 processes"' in job_logs, job_logs[-3000:]
+    one = subprocess.run([sys.executable, "-c", ONE_PROCESS_TRANSFORM, campaign], env=user, capture_output=True,
+                         text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    assert {f"campaign-{arm}.md": text for arm, text in json.loads(one.stdout).items()} == \
+        {t.name: t.read_text() for t in transcripts}
+
+
+ONE_PROCESS_TRANSFORM = """
+import json, sys
+from runner.campaign import load_stored_plan
+from runner.settings import load_settings
+from runner.store import open_store
+from runner.transform.run import transform_campaign
+settings = load_settings()
+store = open_store(settings.store, settings)
+print(json.dumps(transform_campaign(store, load_stored_plan(store, sys.argv[1]), workers=1).transcripts))
+"""
+
 
 def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_path):
     """`probe-runner doctor --cluster` on the real node (issue 16, item 3): the chart's settings

@@ -50,3 +50,18 @@ def test_transform_workers_default_to_the_cpus_a_pod_may_use(tmp_path, cpu_max, 
         path.write_text(cpu_max)
     cpus = len(os.sched_getaffinity(0))
     assert usable_cpus(path) == (cpus if expected == "all" else min(cpus, expected))
+
+
+def test_the_transform_runs_with_the_settings_parallel_threshold(monkeypatch):
+    """`probe-runner transform` hands both transform settings to the transform."""
+    from runner import cli as cli_module
+    from runner.transform import run as transform_run
+
+    seen = {}
+    monkeypatch.setenv("RUNNER_TRANSFORM__WORKERS", "3")
+    monkeypatch.setenv("RUNNER_TRANSFORM__PARALLEL_MIN_BYTES", "0")
+    monkeypatch.setattr(cli_module, "stored_campaign", lambda settings, campaign: (None, None))
+    monkeypatch.setattr(cli_module, "print_report", lambda store, plan, report: 0)
+    monkeypatch.setattr(transform_run, "run_transform", lambda store, plan, *a: seen.setdefault("args", a))
+    assert cli_module.main(["transform", "c1"]) == 0
+    assert seen["args"] == (3, 0)
