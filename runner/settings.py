@@ -142,7 +142,8 @@ class ThrottleSettings(BaseModel):
 
 def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
     """The CPUs this process may run on, capped by its cgroup's CPU quota (a pod's CPU limit,
-    which the affinity mask does not show), rounded up."""
+    which the affinity mask does not show), rounded up. cgroup v2 only: under v1 the quota is
+    not read, and the affinity mask decides."""
     cpus = len(os.sched_getaffinity(0))
     try:
         quota, period = cpu_max.read_text().split()

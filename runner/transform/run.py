@@ -345,8 +345,7 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
     """The transform as a reading of the store: ``run_transform`` writes what it makes, and
     ``probe-runner report`` shows it, so both count sessions the same way. The captured
     sessions' streams are parsed by up to ``workers`` processes once they hold
-    ``parallel_min_bytes`` (``_outcomes``);
-    ``progress(done, total)`` is called as each is."""
+    ``parallel_min_bytes`` (``_outcomes``); ``progress(done, total)`` is called as each is."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     identifiers = load_identifiers(store, plan.campaign)
