@@ -88,9 +88,10 @@ def main() -> None:
             browser.close()
         med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
         for name, store in stores.items():
-            sessions = sum(1 for _ in (store / "campaigns" / campaigns.CAMPAIGN / "sessions").glob("*/*"))
+            streams = list((store / "campaigns" / campaigns.CAMPAIGN / "sessions").glob("*/*/stream.jsonl"))
             size = (root / f"{name}.html").stat().st_size
-            print(f"{name:>9}: {sessions:4d} sessions, page {size / 1e6:.1f} MB, write {med[name]['write']:.2f} s, "
+            print(f"{name:>9}: {len(streams):4d} sessions ({sum(p.stat().st_size for p in streams) / 1e6:.0f} MB of streams), "
+                  f"page {size / 1e6:.1f} MB, write {med[name]['write']:.2f} s, "
                   f"load and draw {med[name]['load']:.2f} s")
         print(f"large / baseline: write {med['large']['write'] / med['baseline']['write']:.2f}x, "
               f"load and draw {med['large']['load'] / med['baseline']['load']:.2f}x (medians of {args.repeat} rounds; "
