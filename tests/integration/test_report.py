@@ -80,8 +80,9 @@ def report(campaign, *args):
 
 
 def test_the_figures_count_sessions_as_the_transcripts_do(campaign):
-    """"answer: ... null when the final text states none of them" (the contract): the report
-    counts the answers the recorder derived and no more; the refused sessions are not recorded."""
+    """The contract: "Every other message records answer: null. The recorder reads the whole
+    set and never the expected values." The report counts the answers the recorder derived, a
+    null as "no declared answer", and no more; the refused sessions are not recorded."""
     f = campaign_figures(campaign["store"], campaign["plan"], 3600, now="2026-12-04T00:00:00+00:00")
     rows = {(s["probe"], s["arm"]): s for s in f["sessions"]}
     base = campaign["store"].root / "campaigns/report-1"
