@@ -54,10 +54,14 @@ def _plan(path: Path, campaign: str, sessions: int) -> None:
 def _measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
     """Wall seconds, CPU seconds, peak RSS (MiB) and exit status of one child process."""
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - t0
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    # stderr to a file, read after the child ends: a pipe read only then fills at 64 KiB and
+    # blocks the child's logging (it did at concurrency 100: the controller hung in write).
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        _, status, ru = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - t0
+        log.seek(0)
+        err = log.read().decode(errors="replace")
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         print(err[-3000:], file=sys.stderr)
@@ -108,10 +112,18 @@ def main() -> int:
             sim_root.mkdir(mode=0o755)
             with SimNode(cluster.api_client(), ns, sim_root, replay, harness_binds=(str(shared),)) as sim:
                 wall, cpu, rss, code = _measure(argv, env)
-            if code not in (0, 12):
+            # 1: sessions left not started (nothing spent; the next run starts them), counted below
+            if code not in (0, 1, 12):
                 raise SystemExit(f"{side} exited {code}; sim errors: {sim.errors[:5]}")
             created = len(sim.created)
             rows.append((side, sessions, created, wall, cpu, rss, sim.max_running))
+            if side == "controller":
+                from runner.ledger import Ledger
+                from runner.store.file import FileStore
+
+                states = [st.status for st in Ledger(FileStore(base / "store-controller"), "bench-controller").sessions().values()]
+                counted = {k: states.count(k) for k in sorted(set(states))}
+                print(f"controller's ledger: {counted} of {sessions} sessions; exit {code}", flush=True)
             client.CoreV1Api(cluster.api_client()).delete_namespace(ns)
     print(f"\n{'side':<11}{'sessions':>9}{'pods':>6}{'wall s':>9}{'pods/s':>8}{'CPU s/1000':>12}{'peak RSS MiB':>14}{'max running':>13}")
     for side, n, created, wall, cpu, rss, most in rows:
