@@ -17,11 +17,18 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.ledger import Ledger
+if TYPE_CHECKING:  # only annotations name it: `dollars` stays cheap to import for the CLI
+    from runner.ledger import Ledger
 
 ZERO = Decimal(0)
+
+
+def dollars(amount: object) -> str:
+    """A cost for people to read, to the hundredth of a cent; the exact sum stays in the records
+    (status --json, the transcript's cost_cents) where the CLI's float artefacts are kept."""
+    return f"${Decimal(str(amount)):.4f}"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from runner import __version__, layout, logs
+from runner.budget import dollars
 from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, UserError
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
@@ -213,12 +214,6 @@ def print_report(store: Any, plan: Any, report: Any) -> int:
     if waiting or any(s.status == "started" for s in states.values()):
         return 1
     return EXIT_CONFINEMENT if report.refusals else 0
-
-
-def dollars(amount: object) -> str:
-    """A cost for people to read, to the hundredth of a cent; the exact sum stays in the records
-    (status --json, the transcript's cost_cents) where the CLI's float artefacts are kept."""
-    return f"${Decimal(str(amount)):.4f}"
 
 
 # ---- commands that read a campaign from the store -------------------------------------------

@@ -7,7 +7,6 @@ Security Policy lets the page load nothing from anywhere: only its own inline sc
 from __future__ import annotations
 
 import html
-from decimal import Decimal
 from importlib import resources
 from typing import Any
 
@@ -17,6 +16,7 @@ import plotly.io as pio
 from markupsafe import Markup
 from plotly.offline import get_plotlyjs
 
+from runner.budget import dollars
 from runner.report.figures import OUTCOMES
 
 COLOURS = {"recorded": "#2e7d32", "refused": "#c62828", "failed": "#ef6c00", "interrupted": "#6a1b9a",
@@ -68,7 +68,7 @@ def _calls(f: dict[str, Any]) -> go.Figure | None:
 
 
 def _usd(amount: object) -> str:
-    return "—" if amount is None else f"${Decimal(str(amount)):.4f}"
+    return "—" if amount is None else dollars(amount)
 
 
 def _seconds(value: object) -> str:
