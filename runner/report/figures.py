@@ -16,7 +16,7 @@ from runner import layout
 from runner.budget import books
 from runner.ledger import Ledger
 from runner.plan import Plan
-from runner.store import Store
+from runner.store import NotFound, Store
 from runner.transform.run import SessionRecord, Transformed, exact_sum, transform_campaign
 
 # A session's outcome in the report, in the order the page shows them.
@@ -80,12 +80,17 @@ def _answers(plan: Plan, sessions: list[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+def _by_outcome(sessions: list[dict[str, Any]]) -> dict[str, int]:
+    """Sessions counted by outcome, in OUTCOMES' order, the outcomes with none left out."""
+    return {k: n for k in OUTCOMES if (n := sum(1 for s in sessions if s["outcome"] == k))}
+
+
 def _arm(arm: str, sessions: list[dict[str, Any]], transcript: str | None, current: bool | None) -> dict[str, Any]:
     costs = [Decimal(s["cost_usd"]) for s in sessions if s["cost_usd"] is not None]
     times = [s["duration_seconds"] for s in sessions if s["duration_seconds"] is not None]
     return {
         "sessions": len(sessions),
-        "outcomes": {k: n for k in OUTCOMES if (n := sum(1 for s in sessions if s["outcome"] == k))},
+        "outcomes": _by_outcome(sessions),
         "cost_usd": str(exact_sum(costs)),
         "costed": len(costs),
         "mean_cost_usd": str(exact_sum(costs) / len(costs)) if costs else None,
@@ -112,7 +117,10 @@ def campaign_figures(store: Store, plan: Plan, link_seconds: int, progress: Call
     current: dict[str, bool | None] = {}
     for arm in done.report.arms:
         key = layout.transcript_key(plan.campaign, plan.tier.value, arm.arm)
-        stored = store.get(key).decode("utf-8", "replace") if store.exists(key) else None
+        try:
+            stored: str | None = store.get(key).decode("utf-8", "replace")
+        except NotFound:
+            stored = None
         if stored is not None:
             transcripts[arm.arm] = link(key)
         current[arm.arm] = None if stored is None else stored == done.transcripts.get(arm.arm)
@@ -136,7 +144,7 @@ def campaign_figures(store: Store, plan: Plan, link_seconds: int, progress: Call
         "probes": len(plan.probes),
         "repetitions": plan.repetitions,
         "planned": len(sessions),
-        "outcomes": {k: n for k in OUTCOMES if (n := sum(1 for s in sessions if s["outcome"] == k))},
+        "outcomes": _by_outcome(sessions),
         "cost_usd": str(done.report.cost_usd),
         "gateway": {"sessions": len(metered), "calls": sum(g["calls"] for g in metered),
                     "cost_usd": str(exact_sum([Decimal(g["cost_usd"]) for g in metered]))} if metered else None,
