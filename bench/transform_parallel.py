@@ -32,7 +32,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -42,7 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from runner import layout  # noqa: E402
 from runner.ledger import Ledger  # noqa: E402
-from runner.plan import parse_plan  # noqa: E402
+from runner.plan import Plan, parse_plan  # noqa: E402
 from runner.settings import usable_cpus  # noqa: E402
 from runner.store.file import FileStore  # noqa: E402
 from runner.transform import run as transform_run  # noqa: E402
@@ -56,7 +55,7 @@ GOAL = 1.5
 CAMPAIGN = "bench-parallel"
 
 
-def make_campaign(root: Path, size: int, result_kb: int) -> tuple[FileStore, object, list[Path]]:
+def make_campaign(root: Path, size: int, result_kb: int) -> tuple[FileStore, Plan, list[Path]]:
     """A campaign of one arm whose sessions' streams are bench/transform.py's corpus."""
     scratch = root / "streams"
     scratch.mkdir(parents=True)
@@ -104,9 +103,9 @@ def floor(files: list[Path]) -> float:
     return time.perf_counter() - t
 
 
-def transform(store: FileStore, plan: object, workers: int) -> tuple[float, object]:
+def transform(store: FileStore, plan: Plan, workers: int) -> tuple[float, transform_run.Transformed]:
     t = time.perf_counter()
-    done = transform_run.transform_campaign(store, plan, workers=workers)  # type: ignore[arg-type]
+    done = transform_run.transform_campaign(store, plan, workers=workers)
     return time.perf_counter() - t, done
 
 
@@ -118,23 +117,20 @@ def _peak(delay: float) -> tuple[int, int]:
     return os.getpid(), int(status.split("VmHWM:")[1].split()[0])
 
 
-def worker_peaks(store: FileStore, plan: object, workers: int) -> list[int]:
+def worker_peaks(store: FileStore, plan: Plan, workers: int) -> list[int]:
     """Each pool process's peak RSS (MiB) after parsing every session as transform_campaign's
     pool does (the same initializer and task)."""
-    keys = [layout.SessionKeys(CAMPAIGN, s.probe, s.name) for s in plan.sessions()]  # type: ignore[attr-defined]
-    with ProcessPoolExecutor(workers, mp_context=transform_run.multiprocessing.get_context("spawn"),
-                             initializer=transform_run._start_worker,
-                             initargs=(store, plan, transform_run.load_identifiers(store, CAMPAIGN))) as pool:
+    keys = [layout.SessionKeys(CAMPAIGN, s.probe, s.name) for s in plan.sessions()]
+    with transform_run.parse_pool(store, plan, transform_run.load_identifiers(store, CAMPAIGN), workers) as pool:
         list(pool.map(transform_run._worker_outcome, keys))
         return sorted(kib // 1024 for kib in dict(pool.map(_peak, [0.3] * workers * 2)).values())
 
 
-def pool_start(store: FileStore, plan: object, workers: int) -> float:
+def pool_start(store: FileStore, plan: Plan, workers: int) -> float:
     """What a pool costs before it parses anything: spawning, importing the runner, and
     unpickling the store and plan each process parses against."""
     t = time.perf_counter()
-    with ProcessPoolExecutor(workers, mp_context=transform_run.multiprocessing.get_context("spawn"),
-                             initializer=transform_run._start_worker, initargs=(store, plan, frozenset())) as pool:
+    with transform_run.parse_pool(store, plan, frozenset(), workers) as pool:
         list(pool.map(abs, range(workers * 4)))
     return time.perf_counter() - t
 

@@ -123,6 +123,13 @@ def _start_worker(store: Store, plan: Plan, identifiers: frozenset[str]) -> None
     _worker = (store, plan, identifiers)
 
 
+def parse_pool(store: Store, plan: Plan, identifiers: frozenset[str], workers: int) -> ProcessPoolExecutor:
+    """The processes that parse streams (``_worker_outcome``) against ``store`` and ``plan``,
+    spawned, not forked: the runner has threads (a live board, the gateway)."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
+                               initargs=(store, plan, identifiers))
+
+
 def _worker_outcome(keys: layout.SessionKeys) -> tuple[SessionOutcome, dict[str, Any]]:
     assert _worker is not None, "the pool's initializer gives each process its store and plan"
     store, plan, identifiers = _worker
@@ -135,8 +142,7 @@ def _outcomes(store: Store, plan: Plan, identifiers: frozenset[str], sessions: l
     """Each session's outcome, in the order given: parsed here, or by ``workers`` processes
     once the streams (their sizes as the ledger recorded them) hold ``min_bytes``. Each process
     parses one stream at a time, so its memory is bounded by the longest line as in one
-    process; results come back in order, so the transcripts are byte for byte the same.
-    Processes are spawned, not forked: the runner has threads (a live board, the gateway)."""
+    process; results come back in order, so the transcripts are byte for byte the same."""
     total = len(sessions)
     workers = min(workers, total)
     results: Iterator[tuple[SessionOutcome, dict[str, Any]]]
@@ -146,8 +152,7 @@ def _outcomes(store: Store, plan: Plan, identifiers: frozenset[str], sessions: l
         return _counted(results, total, progress)
     log.info("parsing %d streams (%d bytes) in %d processes", total, size, workers)
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker,
-                                 initargs=(store, plan, identifiers)) as pool:
+        with parse_pool(store, plan, identifiers, workers) as pool:
             chunk = max(1, min(16, total // (workers * 8)))
             return _counted(pool.map(_worker_outcome, [keys for keys, _ in sessions], chunksize=chunk), total, progress)
     except BrokenProcessPool:  # a process of the pool died (the kernel's OOM killer, most likely): nothing was written
