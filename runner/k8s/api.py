@@ -34,9 +34,14 @@ from kubernetes.stream import ws_client
 from kubernetes.stream.stream import _websocket_request
 from kubernetes.stream.ws_client import ERROR_CHANNEL
 
+from runner import __version__
 from runner.errors import UserError
 from runner.retry import RetryPolicy
 from runner.settings import KubeSettings
+
+# Every request says who sent it, so an operator (or the scale bench) can tell the runner's
+# calls from everyone else's in the API server's audit log.
+USER_AGENT = f"probe-runner/{__version__}"
 
 
 class QuotaExceeded(Exception):
@@ -66,13 +71,18 @@ def load_api_client(settings: KubeSettings) -> client.ApiClient:
         if settings.kubeconfig is None and settings.context is None:
             try:
                 config.load_incluster_config()
-                return client.ApiClient()
+                return _named(client.ApiClient())
             except config.ConfigException:
                 pass
-        return config.new_client_from_config(config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-                                             context=settings.context)
+        return _named(config.new_client_from_config(config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+                                                    context=settings.context))
     except (config.ConfigException, OSError) as e:
         raise UserError(f"kubernetes: no usable configuration ({e}); set RUNNER_KUBE__KUBECONFIG or run in a cluster") from None
+
+
+def _named(api: client.ApiClient) -> client.ApiClient:
+    api.user_agent = USER_AGENT
+    return api
 
 
 def _bounded_websocket_call(configuration: client.Configuration, method: str, url: str, headers: dict | None = None,
@@ -90,6 +100,7 @@ def _bounded_websocket_call(configuration: client.Configuration, method: str, ur
 def _open_websocket(configuration: client.Configuration, url: str, headers: dict, timeout: float | None) -> websocket.WebSocket:
     """ws_client.create_websocket, with ``timeout`` on the connect (TCP, TLS, the upgrade)."""
     header = [f"authorization: {headers['authorization']}"] if "authorization" in headers else []
+    header.append(f"user-agent: {headers.get('User-Agent') or USER_AGENT}")
     header.append(f"sec-websocket-protocol: {headers.get('sec-websocket-protocol') or f'{ws_client.V5_CHANNEL_PROTOCOL},{ws_client.V4_CHANNEL_PROTOCOL}'}")
     if url.startswith("wss://") and configuration.verify_ssl:
         ssl_opts: dict = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": configuration.ssl_ca_cert or certifi.where()}
@@ -150,7 +161,7 @@ class Kube:
         """This thread's exec client (see the module's docstring)."""
         api = getattr(self._exec_local, "api", None)
         if api is None:
-            api = self._exec_local.api = client.CoreV1Api(client.ApiClient(self._exec_config))
+            api = self._exec_local.api = client.CoreV1Api(_named(client.ApiClient(self._exec_config)))
         return api
 
     def call(self, fn, *args, **kwargs):

@@ -60,3 +60,47 @@ def test_execs_to_a_server_that_never_answers_each_end_at_the_connect_limit_in_p
     # all four in about one connect limit: none waited behind another's stalled connect
     assert max(at for at, _ in errors) < 1.5 * 2
     assert all("exec reader in pod: no connection after 1." in why and "timed out" in why for _, why in errors), errors
+
+
+def test_every_request_names_the_runner_exec_included(tmp_path):
+    """The API server's audit log tells clients apart by user agent: the REST client and the
+    exec handshake both send probe-runner/VERSION (the library's own default named only itself)."""
+    import runner
+    from runner.k8s.api import load_api_client
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def answer_once() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            got.append(data)
+            conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: 'http://127.0.0.1:{srv.getsockname()[1]}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    settings = KubeSettings(namespace="ns", kubeconfig=kubeconfig, api_attempts=1)
+    api = load_api_client(settings)
+    agent = f"probe-runner/{runner.__version__}"
+    assert api.user_agent == agent
+    kube = Kube(settings, api_client=api)
+    t = threading.Thread(target=answer_once, daemon=True)
+    t.start()
+    with pytest.raises(client.ApiException) as refused:
+        kube.exec("pod", "reader", ["true"], timeout=10)
+    t.join(5)
+    srv.close()
+    assert refused.value.status == 403
+    (request,) = got
+    assert request.startswith(b"GET /api/v1/namespaces/ns/pods/pod/exec?")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.decode().partition(":") for line in request.split(b"\r\n")[1:])}
+    assert headers["user-agent"] == agent, request
