@@ -4,7 +4,10 @@ a pod before each operation.
 The watch resumes from the last resourceVersion it saw; a 410 Gone (the version was
 compacted away) or any other end re-lists and starts a new watch, so no transition is missed
 for good. Waiters block on a condition until a pod's state satisfies them, and a pod that
-vanishes from a re-list counts as deleted.
+vanishes from a re-list counts as deleted. An event wakes only the waiters of its pod: each
+session waits on its own pod, and waking every waiter on every event cost the controller
+O(events x sessions running) wake-ups, its CPU per session doubling from 100 sessions at
+once to 500 (bench/scale.py).
 
 The watch runs in a background thread, which never swallows an error: a refusal (401, 403:
 missing RBAC, an expired token) ends it with the API server's reason, which start() and every
@@ -49,7 +52,8 @@ class PodCache:
         self.pods: dict[str, Pod] = {}
         self.gone: set[str] = set()  # names seen deleted since they were last created
         self.relists = 0
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._waiting: dict[str, tuple[threading.Condition, list[int]]] = {}  # pod name -> its waiters' condition, their count
         self._stop = threading.Event()
         self._synced = threading.Event()
         self.refused: str | None = None  # why the API server refused the watch; it then ends
@@ -71,12 +75,12 @@ class PodCache:
 
     def _relist(self) -> str:
         items, rv = self.kube.list_pods(self.selector)
-        with self._cond:
+        with self._lock:
             current = {p["metadata"]["name"]: p for p in items}
             self.gone |= set(self.pods) - set(current)
             self.pods = current
             self.relists += 1
-            self._cond.notify_all()
+            self._notify()
         self._synced.set()
         return rv
 
@@ -113,14 +117,14 @@ class PodCache:
 
     def _refuse(self, reason: str) -> None:
         log.error("pod watch refused: %s; the watch ends", reason)
-        with self._cond:
+        with self._lock:
             self.refused = reason
-            self._cond.notify_all()
+            self._notify()
         self._synced.set()  # start() returns, and raises
 
     def _apply(self, kind: str, pod: Pod) -> None:
         name = pod["metadata"]["name"]
-        with self._cond:
+        with self._lock:
             if kind == "DELETED":
                 self.pods.pop(name, None)
                 self.gone.add(name)
@@ -129,27 +133,42 @@ class PodCache:
                 if old is None or old["metadata"].get("uid") != pod["metadata"].get("uid"):
                     self.gone.discard(name)
                 self.pods[name] = pod
-            self._cond.notify_all()
+            self._notify(name)
+
+    def _notify(self, name: str | None = None) -> None:
+        """Wake the waiters of pod ``name``, or of every pod (a re-list, a refusal). Under _lock."""
+        if name is None:
+            for cond, _ in self._waiting.values():
+                cond.notify_all()
+        elif name in self._waiting:
+            self._waiting[name][0].notify_all()
 
     def get(self, name: str) -> Pod | None:
-        with self._cond:
+        with self._lock:
             return self.pods.get(name)
 
     def names(self) -> list[str]:
-        with self._cond:
+        with self._lock:
             return list(self.pods)
 
     def wait(self, name: str, until: Callable[[Pod | None], object], timeout: float) -> object:
         """Block until ``until(pod or None)`` is truthy (None: the pod is gone); return its value,
         or None on timeout. Raises UserError once the watch is refused: the cache is then stale."""
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                self._raise_if_refused()
-                value = until(self.pods.get(name))
-                if value:
-                    return value
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(timeout=min(left, 5.0))
+        with self._lock:
+            cond, count = self._waiting.setdefault(name, (threading.Condition(self._lock), [0]))
+            count[0] += 1
+            try:
+                while True:
+                    self._raise_if_refused()
+                    value = until(self.pods.get(name))
+                    if value:
+                        return value
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    cond.wait(timeout=min(left, 5.0))
+            finally:
+                count[0] -= 1
+                if not count[0]:
+                    del self._waiting[name]

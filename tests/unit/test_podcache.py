@@ -85,3 +85,41 @@ def test_other_failures_are_logged_and_retried_with_a_growing_pause(monkeypatch,
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 3 and "500 Internal Server Error: etcd timeout" in logged[0] and "ConnectionResetError" in logged[1]
     cache.stop()
+
+
+def _pod(name: str, rv: int, phase: str = "Pending") -> dict:
+    return {"metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": str(rv)}, "status": {"phase": phase}}
+
+
+def test_an_event_wakes_only_the_waiters_of_its_pod():
+    """Each session waits on its own pod: an event of another pod must not wake it. Waking
+    every waiter on every event cost O(events x sessions running) wake-ups; at 500 sessions at
+    once the controller's CPU per session doubled (bench/scale.py)."""
+    cache = PodCache(FakeKube([]), "app=x")
+    checks = {"b": 0, "c": 0}
+    got: dict[str, object] = {}
+
+    def waiter(name: str) -> None:
+        def running(pod):
+            checks[name] += 1
+            return pod is not None and pod["status"]["phase"] == "Running" and pod["metadata"]["resourceVersion"]
+
+        got[name] = cache.wait(name, running, timeout=10)
+
+    threads = [threading.Thread(target=waiter, args=(n,)) for n in ("b", "c")]
+    for t in threads:
+        t.start()
+    while sum(checks.values()) < 2:
+        time.sleep(0.01)
+    for rv in range(200):
+        cache._apply("MODIFIED", _pod("a", rv))
+        time.sleep(0.0005)
+    cache._apply("MODIFIED", _pod("b", 1000, "Running"))
+    threads[0].join(5)
+    assert got["b"] == "1000"
+    assert checks["b"] == 2  # before: about 200, once per event of pod a
+    assert checks["c"] == 1
+    cache._relist()  # a re-list may have changed any pod: every waiter looks again
+    cache._apply("MODIFIED", _pod("c", 1001, "Running"))
+    threads[1].join(5)
+    assert got["c"] == "1001" and checks["c"] >= 2 and not cache._waiting
