@@ -165,7 +165,7 @@ def run_ours(install, work: Path, campaign: str, sessions: int) -> dict[str, flo
         if e["type"] == "outcome":
             probe, name = e["session"].split("/", 1)
             assert e["status"] == "succeeded", e
-            out[manifests.pod_name(campaign, probe, name, e["attempt"])] = _at(e["at"])
+            out[manifests.pod_name(settings.kube.instance, campaign, probe, name, e["attempt"])] = _at(e["at"])
     return out
 
 
