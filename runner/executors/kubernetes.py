@@ -152,6 +152,7 @@ class KubernetesExecutor:
         return self.monitor.halted if self.monitor is not None else None
 
     def close(self) -> None:
+        log.info("kubernetes: %s", self.kube.tally.summary() or "no requests")
         self.waiting.stop()
         if self.monitor is not None:
             self.monitor.stop()
@@ -335,6 +336,7 @@ class KubernetesExecutor:
         k = self.settings.kube
         for attempt in self.kube.retry.retrying():  # the API's policy: an exec is an API call
             with attempt:
+                self.kube.tally.add("exec transfers", attempt.retry_state.attempt_number)
                 res = self.kube.exec(pod, "reader", argv, stdin=stdin, timeout=k.transfer_timeout_seconds)
         if check and res.code != 0:
             raise ExecError(f"exec in {pod}: {argv[-1] if argv else ''} exited {res.code}: {res.stderr.decode(errors='replace')[-300:]}")

@@ -58,6 +58,26 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ExecError))
 
 
+class Tally:
+    """Requests sent to the API server, by kind, and how many of them were retries; logged when
+    a campaign's executor closes, so an operator sees its load and its retries per session."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent: dict[str, int] = {}
+        self.retried: dict[str, int] = {}
+
+    def add(self, kind: str, attempt: int) -> None:
+        with self._lock:
+            self.sent[kind] = self.sent.get(kind, 0) + 1
+            if attempt > 1:
+                self.retried[kind] = self.retried.get(kind, 0) + 1
+
+    def summary(self) -> str:
+        with self._lock:
+            return "; ".join(f"{n} {kind} ({self.retried.get(kind, 0)} of them retries)" for kind, n in sorted(self.sent.items()))
+
+
 @dataclass
 class ExecResult:
     stdout: bytes
@@ -154,7 +174,7 @@ class Kube:
         self.coordination = client.CoordinationV1Api(self.api_client)
         self._exec_config = (exec_client or self.api_client).configuration
         self._exec_local = threading.local()
-        self.attempts = 0  # API attempts made, retries included (the bench reads it)
+        self.tally = Tally()
         self.retry = RetryPolicy(is_transient, settings.api_attempts, settings.api_backoff_seconds)
 
     def _exec_api(self) -> client.CoreV1Api:
@@ -167,7 +187,7 @@ class Kube:
     def call(self, fn, *args, **kwargs):
         for attempt in self.retry.retrying():
             with attempt:
-                self.attempts += 1
+                self.tally.add("API requests", attempt.retry_state.attempt_number)
                 return fn(*args, **kwargs)
 
     # ---- pods --------------------------------------------------------------------------
@@ -202,6 +222,7 @@ class Kube:
     def watch_pods(self, label_selector: str, resource_version: str) -> Iterator[dict]:
         """Events from ``resource_version`` on, as dicts ``{"type", "object"}``; ends when the
         server closes the watch. A 410 Gone surfaces as ApiException(410) for a re-list."""
+        self.tally.add("watches", 1)
         w = watch.Watch()
         timeout = self.settings.watch_timeout_seconds
         for event in w.stream(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,

@@ -54,3 +54,40 @@ def test_waits_grow_exponentially_up_to_ten_seconds(backoff, attempt, expected):
     class State:
         attempt_number = attempt
     assert RetryPolicy(bool, 3, backoff).retrying().wait(State()) == expected
+
+
+def test_the_kubernetes_tally_counts_every_attempt_and_the_retries_among_them(tmp_path):
+    """What the executor logs when it closes: requests and exec transfers sent, retries among them."""
+    from kubernetes import client
+
+    from runner.executors.kubernetes import KubernetesExecutor
+    from runner.k8s.api import ExecError, ExecResult, Kube
+    from runner.settings import KubeSettings, Settings
+
+    settings = Settings(kube=KubeSettings(namespace="ns", api_attempts=3, api_backoff_seconds=0))
+    kube = Kube(settings.kube, api_client=client.ApiClient())
+    failures = [ExecError("the transfer broke off"), ExecError("again")]
+
+    def exec_(pod, container, argv, stdin=None, timeout=60.0):
+        if failures:
+            raise failures.pop(0)
+        return ExecResult(b"", b"", 0)
+
+    kube.exec = exec_  # type: ignore[method-assign]
+    executor = KubernetesExecutor(settings, kube)
+    executor._exec("pod", ["true"])
+    executor._exec("pod", ["true"])
+    errors = [Transient(), Transient(), Transient()]
+
+    def flaky():
+        if errors:
+            raise errors.pop(0)
+        return "ok"
+
+    kube.retry = RetryPolicy(lambda e: isinstance(e, Transient), 3, 0)
+    with pytest.raises(Transient):
+        kube.call(flaky)
+    assert kube.call(lambda: "ok") == "ok"
+    assert kube.tally.sent == {"exec transfers": 4, "API requests": 4}
+    assert kube.tally.retried == {"exec transfers": 2, "API requests": 2}
+    assert kube.tally.summary() == "4 API requests (2 of them retries); 4 exec transfers (2 of them retries)"

@@ -8,7 +8,7 @@ where 60 s sessions polled every 15 s need about 10."""
 from __future__ import annotations
 
 from runner.executors.kubernetes import KubernetesExecutor
-from runner.k8s.api import ExecResult
+from runner.k8s.api import ExecResult, Tally
 from runner.retry import RetryPolicy
 from runner.settings import KubeSettings, Settings
 
@@ -22,6 +22,7 @@ class GrowingStream:
         self.size, self.grow, self.limit = start, grow, limit
         self.execs: list[tuple[int, int]] = []
         self.retry = RetryPolicy(lambda e: False, 1, 0)
+        self.tally = Tally()
 
     def exec(self, pod, container, argv, stdin=None, timeout=60.0) -> ExecResult:
         offset, length = int(argv[-3]), int(argv[-2])
