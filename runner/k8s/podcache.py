@@ -4,7 +4,9 @@ a pod before each operation.
 The watch resumes from the last resourceVersion it saw; a 410 Gone (the version was
 compacted away) or any other end re-lists and starts a new watch, so no transition is missed
 for good. Waiters block on a condition until a pod's state satisfies them, and a pod that
-vanishes from a re-list counts as deleted. An event wakes only the waiters of its pod: each
+vanishes from a re-list counts as deleted. A pod is kept as ``trimmed``: its metadata without
+managedFields, its status, and of its spec the node only; a whole pod is about 77 KB as Python
+objects, and a campaign holds one per session running. An event wakes only the waiters of its pod: each
 session waits on its own pod, and waking every waiter on every event cost the controller
 O(events x sessions running) wake-ups, its CPU per session doubling from 100 sessions at
 once to 500 (bench/scale.py).
@@ -45,6 +47,14 @@ def _reason(e: ApiException) -> str:
     return f"{e.status} {e.reason}" + (f": {message}" if message else "")
 
 
+def trimmed(pod: Pod) -> Pod:
+    """What the runner reads of a pod (runner/k8s/podstate.py, the executor, the gateway's
+    session check): metadata but its managedFields, the node it runs on, its status."""
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    node = (pod.get("spec") or {}).get("nodeName")
+    return {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": pod.get("status") or {}}
+
+
 class PodCache:
     def __init__(self, kube: Kube, label_selector: str):
         self.kube = kube
@@ -75,8 +85,8 @@ class PodCache:
 
     def _relist(self) -> str:
         items, rv = self.kube.list_pods(self.selector)
+        current = {p["metadata"]["name"]: trimmed(p) for p in items}
         with self._lock:
-            current = {p["metadata"]["name"]: p for p in items}
             self.gone |= set(self.pods) - set(current)
             self.pods = current
             self.relists += 1
@@ -124,6 +134,7 @@ class PodCache:
 
     def _apply(self, kind: str, pod: Pod) -> None:
         name = pod["metadata"]["name"]
+        kept = trimmed(pod)
         with self._lock:
             if kind == "DELETED":
                 self.pods.pop(name, None)
@@ -132,7 +143,7 @@ class PodCache:
                 old = self.pods.get(name)
                 if old is None or old["metadata"].get("uid") != pod["metadata"].get("uid"):
                     self.gone.discard(name)
-                self.pods[name] = pod
+                self.pods[name] = kept
             self._notify(name)
 
     def _notify(self, name: str | None = None) -> None:

@@ -123,3 +123,19 @@ def test_an_event_wakes_only_the_waiters_of_its_pod():
     cache._apply("MODIFIED", _pod("c", 1001, "Running"))
     threads[1].join(5)
     assert got["c"] == "1001" and checks["c"] >= 2 and not cache._waiting
+
+
+def test_a_pod_is_kept_as_what_the_runner_reads_of_it():
+    """Metadata but managedFields (half of a session pod's memory as Python objects), the node,
+    the status; the spec's containers, volumes and the rest are not kept."""
+    cache = PodCache(FakeKube([]), "app=x")
+    status = {"phase": "Running", "containerStatuses": [{"name": "reader", "state": {"running": {}}}]}
+    meta = {"name": "p", "uid": "u", "resourceVersion": "7", "labels": {"a": "b"}, "annotations": {"c": "d"},
+            "deletionTimestamp": "2026-12-04T00:00:00Z"}
+    pod = {"metadata": {**meta, "managedFields": [{"manager": "kube-scheduler", "fieldsV1": {"f:status": {}}}]},
+           "spec": {"nodeName": "node-1", "containers": [{"name": "reader", "image": "x"}], "volumes": []},
+           "status": status}
+    cache._apply("ADDED", pod)
+    assert cache.get("p") == {"metadata": meta, "spec": {"nodeName": "node-1"}, "status": status}
+    cache._apply("MODIFIED", {"metadata": {"name": "q", "uid": "v"}, "spec": {"containers": []}})
+    assert cache.get("q") == {"metadata": {"name": "q", "uid": "v"}, "spec": {}, "status": {}}
