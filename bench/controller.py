@@ -51,13 +51,16 @@ def _plan(path: Path, campaign: str, sessions: int) -> None:
     path.write_text(json.dumps(data))
 
 
-def _measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
-    """Wall seconds, CPU seconds, peak RSS (MiB) and exit status of one child process."""
+def _measure(argv: list[str], env: dict[str, str], started=None) -> tuple[float, float, float, int, str]:
+    """Wall seconds, CPU seconds, peak RSS (MiB), exit status and stderr of one child process;
+    ``started(pid)`` is called once it runs."""
     t0 = time.monotonic()
     # stderr to a file, read after the child ends: a pipe read only then fills at 64 KiB and
     # blocks the child's logging (it did at concurrency 100: the controller hung in write).
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        if started is not None:
+            started(proc.pid)
         _, status, ru = os.wait4(proc.pid, 0)
         wall = time.monotonic() - t0
         log.seek(0)
@@ -65,7 +68,7 @@ def _measure(argv: list[str], env: dict[str, str]) -> tuple[float, float, float,
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         print(err[-3000:], file=sys.stderr)
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, code
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, code, err
 
 
 def main() -> int:
@@ -111,7 +114,7 @@ def main() -> int:
             sim_root = base / f"sim-{side}"
             sim_root.mkdir(mode=0o755)
             with SimNode(cluster.api_client(), ns, sim_root, replay, harness_binds=(str(shared),)) as sim:
-                wall, cpu, rss, code = _measure(argv, env)
+                wall, cpu, rss, code, _ = _measure(argv, env)
             # 1: sessions left not started (nothing spent; the next run starts them), counted below
             if code not in (0, 1, 12):
                 raise SystemExit(f"{side} exited {code}; sim errors: {sim.errors[:5]}")

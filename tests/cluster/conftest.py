@@ -233,6 +233,16 @@ class KubeCluster:
             self._api_client = k8s_config.new_client_from_config(config_file=str(self.kubeconfig))
         return self._api_client
 
+    def audit_events(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """The API server's audit events (one per request, at its completion; see AUDIT_POLICY)
+        logged from byte ``offset`` of its log on, and the offset to read on from."""
+        path = self.cluster_dir / "logs" / "audit.log"
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
     def component_logs(self, lines: int = 40) -> str:
         out = []
         for f in sorted((self.cluster_dir / "logs").glob("*.log")):
@@ -454,7 +464,14 @@ def _reap_orphans() -> None:
         entry.unlink(missing_ok=True)
 
 
-def _kwokctl_config(bin_dir: Path) -> dict[str, Any]:
+# Every request, once, at its completion, with who sent it (user, user agent), what it did
+# (verb, resource, subresource, object) and the answer's code: what the tests and the scale
+# bench attribute API load by. No bodies.
+AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                "omitStages": ["RequestReceived", "ResponseStarted"], "rules": [{"level": "Metadata"}]}
+
+
+def _kwokctl_config(bin_dir: Path, audit_policy: Path) -> dict[str, Any]:
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",
@@ -470,6 +487,7 @@ def _kwokctl_config(bin_dir: Path) -> dict[str, Any]:
             "kubectlBinary": str(bin_dir / "kubectl"),
             "enableCRDs": list(KWOK_CRDS),
             "quietPull": True,
+            "kubeAuditPolicy": str(audit_policy),
         },
     }
 
@@ -504,7 +522,9 @@ def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
     workdir = base / "work"
     kubeconfig = base / "kubeconfig"
     config = base / "kwokctl.yaml"
-    config.write_text(json.dumps(_kwokctl_config(bin_dir), indent=2))
+    audit_policy = base / "audit-policy.json"
+    audit_policy.write_text(json.dumps(AUDIT_POLICY))
+    config.write_text(json.dumps(_kwokctl_config(bin_dir, audit_policy), indent=2))
     env = dict(os.environ)
     env.update({
         "KWOK_WORKDIR": str(workdir),

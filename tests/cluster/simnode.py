@@ -12,31 +12,60 @@ Deleting the pod kills both processes.
 
 ``harness`` overrides the CLI executable: the real Claude Code CLI for recorder tests, or a
 replay of a stream the real CLI produced for tests of scale and transport.
+
+``Replay`` is the light node, for scale: no process per pod at all. Two Python processes per
+pod (the reader, the harness's entry point) do not fit 500 pods at once on two cores, and at
+that scale what is measured is the controller and the API server, not the pod. One thread of
+SimNode plays every pod's reader and harness: once the controller's delivery (a real exec, as
+every transfer stays) has marked the workspace delivered, the harness "starts"; the stream
+grows in the capture volume over the session's seconds, as the reader writes what arrives;
+then the reader's record is written as the reader writes it and the harness is reported
+terminated.
+
+The KWOK ``Exec`` object that points a pod's exec at its directories is created when the pod
+is first seen, before it is scheduled, by one of WORKERS threads (a pod's events always go to
+the same one, in order): KWOK answers an exec it has not yet seen the object for with "no exec
+found". Done in the watch's own thread, one pod after another, it fell behind the controller
+by over a hundred pods at 500 at once.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from kubernetes import client, watch
 
+from runner.entrypoints.pod import DELIVERED_NAME, RECORD_NAME, STREAM_NAME, _write_atomic
+from runner.entrypoints.pod import _now as _reader_now
 from runner.executors.elf import elf_loader
 
 REPO = Path(__file__).resolve().parents[2]
 KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
+WORKERS = 8
+SECRET_TTL_SECONDS = 2.0  # a Secret read serves the pods started within this long
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The light node: every harness writes ``stream`` over ``seconds`` and exits 0."""
+    stream: Path
+    seconds: float
 
 
 @dataclass
@@ -45,13 +74,19 @@ class _Pod:
     uid: str
     root: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
+    started: bool = False  # its containers run (it was scheduled)
     harness_started: float | None = None
     harness_ended: float | None = None
     ended: dict[str, dict] = field(default_factory=dict)  # container -> its terminated state
+    pod: dict = field(default_factory=dict)  # as first seen scheduled
+    capture: Path | None = None  # the light node: the capture volume's host directory
+    written: int = 0  # the light node: stream bytes written so far
+    run: tuple[int, str] | None = None  # the light node: the harness run's index in harness_runs, its start
+    gone: bool = False  # deleted: nothing more is started for it
 
 
 class SimNode:
-    def __init__(self, api: client.ApiClient, namespace: str, root: Path, harness: list[str],
+    def __init__(self, api: client.ApiClient, namespace: str, root: Path, harness: list[str] | Replay,
                  harness_delay: float = 0.0, harness_binds: tuple[str, ...] = (), loader_exec_only: bool = True):
         self.api = api
         self.core = client.CoreV1Api(api)
@@ -67,10 +102,20 @@ class SimNode:
         self.specs: dict[str, dict] = {}  # pod name -> its spec as first seen
         self.running_now = 0
         self.max_running = 0
+        # pod name -> wall-clock (start, end) of each harness run, for the scale bench's latencies
+        self.harness_runs: dict[str, list[tuple[float, float | None]]] = {}
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._light: dict[str, _Pod] = {}  # the light node's pods, by name
+        self._workers = [ThreadPoolExecutor(1, thread_name_prefix=f"simnode-{i}") for i in range(WORKERS)]
+        self._secrets: dict[str, tuple[float, dict[str, str]]] = {}
+        if isinstance(harness, Replay):
+            self._replay = harness.stream.read_bytes()
+            self._replay_sha = "sha256:" + hashlib.sha256(self._replay).hexdigest()
+            self._reports = ThreadPoolExecutor(8, thread_name_prefix="simnode-status")
+            self._light_thread = threading.Thread(target=self._light_loop, daemon=True)
         # The "image": the package copied where the pod's uids can read it, run by the system
         # python3 (the pod's command names python3, resolved on the container's PATH).
         self.image = root / "image"
@@ -82,10 +127,17 @@ class SimNode:
 
     def __enter__(self) -> SimNode:
         self._thread.start()
+        if isinstance(self.harness, Replay):
+            self._light_thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        for w in self._workers:
+            w.shutdown()
+        if isinstance(self.harness, Replay):
+            self._light_thread.join()
+            self._reports.shutdown()
         with self._lock:
             pods = list(self.pods.values())
         for p in pods:
@@ -122,22 +174,40 @@ class SimNode:
             with self._lock:
                 p = self.pods.pop(name, None)
             if p is not None and p.uid == uid:
-                self._kill(p)
+                p.gone = True
+                self._submit(p, self._kill, p)
             return
         with self._lock:
             self.created.setdefault(name, set()).add(uid)
             self.specs.setdefault(name, pod["spec"])
-            known = self.pods.get(name)
-            if known is not None and known.uid == uid:
+            p = self.pods.get(name)
+            new = p is None or p.uid != uid
+            if new:
+                p = self.pods[name] = _Pod(name, uid, self.root / uid)
+            assert p is not None
+            start = not p.started and bool((pod.get("spec") or {}).get("nodeName"))
+            p.started = p.started or start
+        if new:
+            self._submit(p, self._prepare, p, pod)
+        if start:
+            self._submit(p, self._start, p, pod)
+
+    def _submit(self, p: _Pod, step, *args) -> None:
+        """Run a step of pod ``p`` in its worker, after its earlier steps; a pod deleted
+        meanwhile starts nothing more, and a failure is kept in ``errors``."""
+        def run() -> None:
+            if p.gone and step != self._kill:
                 return
-            if not (pod.get("spec") or {}).get("nodeName"):
-                return
-            p = _Pod(name, uid, self.root / uid)
-            self.pods[name] = p
+            try:
+                step(*args)
+            except Exception as e:
+                self.errors.append(f"{p.name}: {step.__name__.strip('_')}: {type(e).__name__}: {e}")
+
         try:
-            self._start(p, pod)
-        except Exception as e:
-            self.errors.append(f"{name}: start: {type(e).__name__}: {e}")
+            self._workers[hash(p.name) % WORKERS].submit(run)
+        except RuntimeError:  # shut down: an event the watch delivered after the exit
+            if not self._stop.is_set():
+                raise
 
     # ---- the pod's containers --------------------------------------------------------------
 
@@ -163,11 +233,16 @@ class SimNode:
         return out
 
     def _secret(self, name: str) -> dict[str, str]:
+        at, value = self._secrets.get(name, (0.0, {}))
+        if time.monotonic() - at < SECRET_TTL_SECONDS:
+            return value
         try:
             data = self.core.read_namespaced_secret(name, self.namespace).data or {}
         except client.ApiException:
             return {}
-        return {k: base64.b64decode(v).decode() for k, v in data.items()}
+        value = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        self._secrets[name] = (time.monotonic(), value)
+        return value
 
     def _project_secret(self, vol: dict, d: Path, gid: int) -> None:
         data = self._secret(vol["secretName"])
@@ -178,12 +253,16 @@ class SimNode:
                 os.chown(f, 0, gid)
                 f.chmod(0o440)
 
-    def _start(self, p: _Pod, pod: dict) -> None:
-        mounts = self._dirs(p, pod)
-        containers = {c["name"]: c for c in pod["spec"]["containers"]}
-        reader = containers["reader"]
+    @staticmethod
+    def _reader_env(pod: dict, mounts: dict[str, dict[str, Path]]) -> dict[str, str]:
+        """The reader container's environment, its paths on this host (also its exec's)."""
+        reader = next(c for c in pod["spec"]["containers"] if c["name"] == "reader")
         renv = {e["name"]: _host_path(e["value"], mounts["reader"]) for e in reader.get("env") or [] if "value" in e}
-        exec_env = {**renv, "PATH": "/usr/bin:/bin"}
+        return {**renv, "PATH": "/usr/bin:/bin"}
+
+    def _prepare(self, p: _Pod, pod: dict) -> None:
+        """The pod's volumes and its KWOK Exec object, as soon as the pod exists."""
+        exec_env = self._reader_env(pod, self._dirs(p, pod))
         self.custom.create_namespaced_custom_object(KWOK_GROUP, KWOK_VERSION, self.namespace, "execs", {
             "apiVersion": f"{KWOK_GROUP}/{KWOK_VERSION}", "kind": "Exec",
             "metadata": {"name": p.name, "namespace": self.namespace},
@@ -192,6 +271,18 @@ class SimNode:
                 # entry for the pod's uids; the exec runs as this host's user instead.
                 "workDir": str(p.root), "envs": [{"name": k, "value": v} for k, v in exec_env.items()]}}]},
         })
+
+    def _start(self, p: _Pod, pod: dict) -> None:
+        mounts = self._dirs(p, pod)
+        containers = {c["name"]: c for c in pod["spec"]["containers"]}
+        reader = containers["reader"]
+        exec_env = self._reader_env(pod, mounts)
+        p.pod = pod
+        if isinstance(self.harness, Replay):
+            p.capture = Path(exec_env["PROBE_CAPTURE_DIR"])
+            with self._lock:
+                self._light[p.name] = p
+            return
         # The product's reader: the reader container's command, under the container's uid.
         reader_proc = subprocess.Popen(
             [*_as_user(reader), *reader["command"]], env={**exec_env, "PYTHONPATH": str(self.image)},
@@ -249,6 +340,7 @@ class SimNode:
             self.running_now += 1
             self.max_running = max(self.max_running, self.running_now)
         p.harness_started = time.monotonic()
+        run = self._ran(p.name)
         try:
             proc = subprocess.Popen(bwrap + argv, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                                     stderr=open(p.root / "harness.log", "wb"), pass_fds=(loader_fd,))
@@ -258,6 +350,7 @@ class SimNode:
         code = proc.wait()
         with self._lock:
             self.running_now -= 1
+            self.harness_runs[p.name][run] = (self.harness_runs[p.name][run][0], time.time())
         p.harness_ended = time.monotonic()
         if code < 0:  # killed because the pod went away: a kubelet reports nothing more
             return
@@ -265,6 +358,73 @@ class SimNode:
             self._report_terminated(p, pod, "harness", code)
         except Exception as e:
             self.errors.append(f"{p.name}: status: {type(e).__name__}: {e}")
+
+    def _ran(self, name: str) -> int:
+        """Note a harness start of pod ``name``; the index of the run."""
+        with self._lock:
+            runs = self.harness_runs.setdefault(name, [])
+            runs.append((time.time(), None))
+            return len(runs) - 1
+
+    # ---- the light node ------------------------------------------------------------------------
+
+    def _light_loop(self) -> None:
+        """Every pod's reader and harness, in one thread: start each harness once its workspace
+        is delivered, grow its stream, end it after Replay.seconds. A failure is kept in
+        ``errors``, never swallowed, and the loop goes on with the other pods."""
+        assert isinstance(self.harness, Replay)
+        seconds, data = self.harness.seconds, self._replay
+        while not self._stop.wait(0.1):
+            with self._lock:
+                pods = list(self._light.values())
+            for p in pods:
+                try:
+                    assert p.capture is not None
+                    if p.harness_started is None:
+                        if not (p.capture / DELIVERED_NAME).exists():
+                            continue
+                        with self._lock:
+                            self.running_now += 1
+                            self.max_running = max(self.max_running, self.running_now)
+                        p.harness_started = time.monotonic()
+                        p.run = (self._ran(p.name), _reader_now())
+                    done = min(1.0, (time.monotonic() - p.harness_started) / seconds) if seconds else 1.0
+                    upto = len(data) if done >= 1.0 else int(len(data) * done)
+                    if upto > p.written:
+                        with open(p.capture / STREAM_NAME, "ab") as f:
+                            f.write(data[p.written:upto])
+                        p.written = upto
+                    if done >= 1.0:
+                        self._light_end(p)
+                except Exception as e:
+                    with self._lock:
+                        mine = self._light.pop(p.name, None) is p
+                    if mine:  # not a pod deleted (its directories with it) while this ran
+                        self.errors.append(f"{p.name}: light node: {type(e).__name__}: {e}")
+
+    def _light_end(self, p: _Pod) -> None:
+        """The stream has ended: the reader's record, as the reader writes it, then the harness
+        reported terminated (by a pool, so one slow status patch holds up no other pod)."""
+        assert p.capture is not None
+        harness_uid = next(c for c in p.pod["spec"]["containers"] if c["name"] == "harness")["securityContext"]["runAsUser"]
+        assert p.run is not None
+        index, started_at = p.run
+        record = {"bytes": len(self._replay), "sha256": self._replay_sha, "eof": True, "peer_uid": harness_uid,
+                  "refused_peers": [], "started_at": started_at, "ended_at": _reader_now()}
+        _write_atomic(p.capture / RECORD_NAME, json.dumps(record, sort_keys=True).encode())
+        with self._lock:
+            self._light.pop(p.name, None)
+            self.running_now -= 1
+            self.harness_runs[p.name][index] = (self.harness_runs[p.name][index][0], time.time())
+        p.harness_ended = time.monotonic()
+
+        def report() -> None:
+            try:
+                self._report_terminated(p, p.pod, "harness", 0)
+            except Exception as e:
+                self.errors.append(f"{p.name}: status: {type(e).__name__}: {e}")
+
+        self._reports.submit(report)
 
     def _report_terminated(self, p: _Pod, pod: dict, container: str, code: int) -> None:
         now = _now()
@@ -281,6 +441,9 @@ class SimNode:
         self.core.patch_namespaced_pod_status(p.name, self.namespace, {"status": {"containerStatuses": statuses}})
 
     def _kill(self, p: _Pod) -> None:
+        with self._lock:
+            if self._light.pop(p.name, None) is not None and p.harness_started is not None:
+                self.running_now -= 1  # a light harness the pod's deletion ended
         for proc in p.procs:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)

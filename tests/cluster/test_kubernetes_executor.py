@@ -15,18 +15,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
+import runner
 from runner import demo, layout
 from runner.budget import books
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.executors.kubernetes import START_ATTEMPTS, KubernetesExecutor
-from runner.k8s import names
+from runner.k8s import manifests, names
 from runner.k8s.api import Kube
 from runner.ledger import Ledger
 from runner.plan import parse_plan
@@ -36,7 +38,7 @@ from runner.transform.run import run_transform
 
 sys.path.insert(0, str(Path(__file__).parent))
 from relay import Relay  # noqa: E402
-from simnode import SimNode  # noqa: E402
+from simnode import Replay, SimNode  # noqa: E402
 
 REAL_STREAM = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 
@@ -159,6 +161,7 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
     """The demo campaign (8 sessions) end to end: pods, the real CLI in the harness container's
     place, streams through the reader socket and exec, transcripts that pass intake."""
     store = (tmp_path / "store").as_uri()
+    _, audit_from = kube_cluster.audit_events(0)
     with ScriptedProvider(json.loads(demo.SCENARIOS.read_text())) as provider, \
             SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]) as sim:
         env = {**os.environ, **_env(kube_cluster, namespace, store,
@@ -194,6 +197,23 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
         raw = st.get(capture["stream"]["key"])
         assert "sha256:" + hashlib.sha256(raw).hexdigest() == capture["stream"]["sha256"]
     _wait_no_pods(kube_cluster, namespace)
+    # Every request of the runner names it, exec included, so an operator (and bench/scale.py)
+    # can tell its load on the API server from everyone else's in the audit log. Here the
+    # runner alone creates and execs into session pods; SimNode (another client of the same
+    # user) alone reports their status.
+    events, _ = kube_cluster.audit_events(audit_from)
+    mine = [e for e in events if (e.get("objectRef") or {}).get("namespace") == namespace]
+    by = {}
+    for e in mine:
+        ref = e["objectRef"]
+        by.setdefault((e["verb"], ref.get("resource", "") + "/" + ref.get("subresource", "")), set()).add(e["userAgent"])
+    runner_agent = {f"probe-runner/{runner.__version__}"}
+    assert by[("create", "pods/")] == runner_agent, by
+    assert runner_agent < by[("delete", "pods/")], by  # KWOK finishes the graceful deletions it asked for
+    assert by[("get", "pods/exec")] == runner_agent, by
+    assert runner_agent.isdisjoint(by[("patch", "pods/status")]), by
+    execs = [e for e in mine if e["objectRef"].get("subresource") == "exec"]
+    assert len({e["objectRef"]["name"] for e in execs}) == 8 and len(execs) >= 8 * 5, len(execs)
 
 
 def test_two_hundred_sessions_over_twenty_nodes(kube_cluster, nodes, namespace, sim_root, shared, real_stream, tmp_path):
@@ -223,6 +243,48 @@ def test_two_hundred_sessions_over_twenty_nodes(kube_cluster, nodes, namespace, 
         [(k, s.status, s.detail, sim.logs(names.object_name(plan.campaign, *k.split("/"), s.attempt)))
          for k, s in states.items() if s.status != "succeeded"]
     assert not Ledger(store, plan.campaign).verify()
+    _wait_no_pods(kube_cluster, namespace, timeout=120)
+
+
+def test_the_light_node_runs_a_whole_wave_at_once_and_every_stream_passes_intake(kube_cluster, nodes, namespace, sim_root,
+                                                                                 tmp_path):
+    """bench/scale.py's node: no process per pod (Replay). 48 sessions at once over 20 nodes:
+    every harness starts before the first ends, each once; the controller's transfers (real
+    execs into the pods' directories) verify every stream against the reader's record as the
+    light node wrote it, and every transcript passes intake. The pods' exec objects exist
+    before the pods are scheduled, so no delivery meets KWOK's "no exec found"."""
+    store_uri = (tmp_path / "store").as_uri()
+    settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
+                              RUNNER_KUBE__CREATE_CONCURRENCY="16"))
+    plan = _plan(f"light-{_uid()}", 12)  # 2 probes x 2 arms x 12
+    stream = sim_root / "replay.jsonl"  # as the CLI writes it in a pod: its configuration in CONFIG_DIR
+    stream.write_bytes(REAL_STREAM.read_bytes().replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/"))
+    store = open_store(store_uri, settings)
+    executor = KubernetesExecutor(settings, Kube(settings.kube))
+    _, audit_from = kube_cluster.audit_events(0)
+    with SimNode(kube_cluster.api_client(), namespace, sim_root, Replay(stream, 20.0)) as sim:
+        try:
+            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 48, [],
+                                  progress_out=open(os.devnull, "w"))
+        finally:
+            executor.close()
+        assert not sim.errors, sim.errors
+        assert sim.max_running == 48
+        assert len(sim.harness_runs) == 48 and all(len(r) == 1 and r[0][1] is not None for r in sim.harness_runs.values())
+    states = Ledger(store, plan.campaign).sessions()
+    assert len(report.ran) == 48 and {s.status for s in states.values()} == {"succeeded"}, \
+        {k: (s.status, s.detail) for k, s in states.items() if s.status != "succeeded"}
+    assert {s.attempt for s in states.values()} == {1}
+    execs = [e for e in kube_cluster.audit_events(audit_from)[0]
+             if (e.get("objectRef") or {}).get("namespace") == namespace and e["objectRef"].get("subresource") == "exec"]
+    assert len(execs) >= 48 * 5 and not [e for e in execs if e["responseStatus"]["code"] >= 400], \
+        Counter(e["responseStatus"]["code"] for e in execs)  # no exec needed a retry
+    for key in states:
+        capture = json.loads(store.get(f"campaigns/{plan.campaign}/sessions/{key}/capture.json"))
+        assert capture["stream"]["sha256"] == capture["reader"]["sha256"] == "sha256:" + hashlib.sha256(stream.read_bytes()).hexdigest()
+        assert capture["reader"]["peer_uid"] == settings.kube.harness_uid
+    intake = run_transform(store, plan)
+    assert len(intake.arms) == 2 and all(a.refusal is None and a.events == 24 for a in intake.arms), intake  # an arm: 2 probes x 12
     _wait_no_pods(kube_cluster, namespace, timeout=120)
 
 

@@ -1,0 +1,287 @@
+"""The controller at scale (issue 17, item 1): a campaign of --sessions with --concurrency at
+once over --nodes simulated nodes, measured against a small campaign (--baseline-sessions) in
+the same run on the same cluster; then the concurrency raised (--sweep) until something fails.
+
+The cluster is tests/cluster/'s (kube-apiserver, etcd, scheduler, controller-manager, KWOK
+nodes), its API server writing an audit event per request. tests/cluster/simnode.py plays the
+nodes in its light form (``Replay``): no process per pod, every harness replays a stream the
+real CLI produced over --seconds. Every transfer is still a real exec through the API server
+and KWOK into the pod's directories. The controller is ``probe-runner run --executor
+kubernetes``, a child process: its CPU and peak RSS come from ``wait4``.
+
+Per run it prints:
+- the controller's CPU seconds per session and peak RSS;
+- its API requests per session by verb and resource, counted from the API server's audit log
+  (every request of the runner carries the user agent ``probe-runner/VERSION``; SimNode's,
+  KWOK's and the control plane's do not) — the API server's metrics have no label that tells
+  clients apart;
+- exec transfers per session and the retries among them, from the tally the controller logs at
+  its end (an exec the API server upgraded and KWOK then failed is audited as a success, 101);
+- p50/p99 from the pod's creation (the audit event's time) to its harness's start (SimNode's
+  delivery seen), and from the harness's exit to the outcome journaled (the ledger entry's
+  ``at``, milliseconds);
+- whether every session succeeded once: one harness run per pod, one pod per session, every
+  session at attempt 1, the ledger's chain intact.
+
+The last line is the verdict against the issue's goals: <= 0.15 s controller CPU per session,
+<= 300 MiB peak RSS at --concurrency at once, API requests per session flat (within 10%) from
+the baseline campaign to the large one.
+
+    python bench/scale.py [--sessions 1000] [--concurrency 500] [--nodes 50] [--seconds 60]
+                          [--baseline-sessions 200] [--sweep 750,1000,1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from kubernetes import client
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "cluster"), str(REPO / "tests")]  # conftest: the cluster tier's
+
+from conftest import run_build, start_cluster  # noqa: E402
+from controller import _measure, _plan  # noqa: E402  bench/controller.py
+from simnode import Replay, SimNode  # noqa: E402
+from test_kubernetes_executor import install_objects  # noqa: E402
+
+from runner import demo  # noqa: E402
+from runner.k8s import manifests  # noqa: E402
+from runner.k8s.api import USER_AGENT  # noqa: E402
+from runner.ledger import Ledger  # noqa: E402
+from runner.settings import KubeSettings  # noqa: E402
+from runner.store.file import FileStore  # noqa: E402
+
+REAL_STREAM = REPO / "tests" / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
+CPU_GOAL, RSS_GOAL, FLAT_GOAL = 0.15, 300.0, 0.10
+
+
+@dataclass
+class Run:
+    label: str
+    sessions: int
+    concurrency: int
+    wall: float = 0.0
+    cpu: float = 0.0
+    rss: float = 0.0
+    rss_running: float = 0.0  # the peak while harnesses ran (sampled), apart from the transform at the end
+    code: int = 0
+    most: int = 0
+    requests: Counter = field(default_factory=Counter)  # (verb, resource) -> count
+    everyone: Counter = field(default_factory=Counter)  # verb -> count, every client's (the API server's metrics)
+    tally: dict[str, tuple[int, int]] = field(default_factory=dict)  # the controller's log: kind -> (sent, retries)
+    failed_codes: Counter = field(default_factory=Counter)  # the controller's requests answered >= 400
+    start_lat: list[float] = field(default_factory=list)
+    end_lat: list[float] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    stderr: str = ""
+
+    def per_session(self, key: tuple[str, str]) -> float:
+        return self.requests[key] / self.sessions
+
+
+def _stamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else (values or [float("nan")])[0]
+
+
+def _resource(obj: dict) -> str:
+    return obj.get("resource", "") + (f"/{obj['subresource']}" if obj.get("subresource") else "")
+
+
+def _served(cluster) -> Counter:
+    """apiserver_request_total by verb: every request the API server has answered, any client's."""
+    out: Counter = Counter()
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels, _, value = line.rpartition(" ")
+            verb = labels.split('verb="', 1)[1].split('"', 1)[0]
+            out[verb] += int(float(value))
+    return out
+
+
+def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concurrency: int, seconds: float,
+            extra_env: dict[str, str]) -> Run:
+    ns = cluster.create_namespace(f"scale-{label}")
+    cluster.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": ns},
+                    "stringData": {"api-key": "k"}}, *install_objects(ns)])
+    plan_path = base / f"plan-{label}.json"
+    campaign = f"scale-{label}"
+    _plan(plan_path, campaign, sessions)
+    plan = json.loads(plan_path.read_text())
+    run = Run(label, len(plan["probes"]) * len(plan["arms"]) * plan["repetitions"], concurrency)
+    env = {**os.environ, "RUNNER_STORE": (base / f"store-{label}").as_uri(), "RUNNER_KUBE__NAMESPACE": ns,
+           "RUNNER_KUBE__KUBECONFIG": str(cluster.kubeconfig), "RUNNER_KUBE__CREDENTIALS_SECRET": "provider",
+           "RUNNER_PROVIDER__API_KEY": "k", "RUNNER_LOCAL__WORKDIR": str(base / f"work-{label}"),
+           "RUNNER_KUBE__CANARY_ENABLED": "false",  # KWOK runs no container to measure with
+           "RUNNER_GATEWAY__ENABLED": "false",  # the egress proxy's path: gateway_cluster.py measures the gateway
+           "RUNNER_LOG__LEVEL": "info",  # one line per session, and the executor's tally at the end
+           "PYTHONPATH": str(REPO), **extra_env}
+    argv = [sys.executable, "-m", "runner", "run", str(plan_path), "--corpus", str(demo.CORPUS),
+            "--executor", "kubernetes", "--concurrency", str(concurrency)]
+    offset = (cluster.cluster_dir / "logs" / "audit.log").stat().st_size
+    served = _served(cluster)
+    sim_root = base / f"sim-{label}"
+    sim_root.mkdir(mode=0o755)
+    print(f"[{label}] {run.sessions} sessions, {concurrency} at once, {seconds:g} s each ...", flush=True)
+    with SimNode(cluster.api_client(), ns, sim_root, Replay(stream, seconds)) as sim:
+        def sample(pid: int) -> None:
+            def loop() -> None:
+                while True:
+                    try:
+                        status = Path(f"/proc/{pid}/status").read_text()
+                    except OSError:
+                        return
+                    if sim.running_now:
+                        kib = int(status.split("VmRSS:", 1)[1].split()[0])
+                        run.rss_running = max(run.rss_running, kib / 1024)
+                    time.sleep(0.25)
+            threading.Thread(target=loop, daemon=True).start()
+
+        run.wall, run.cpu, run.rss, run.code, run.stderr = _measure(argv, env, sample)
+        (base / f"controller-{label}.log").write_text(run.stderr)
+        time.sleep(2)  # the audit log's last events
+    run.most = sim.max_running
+    said = re.findall(r"kubernetes: (.*)", run.stderr)
+    if said:
+        run.tally = {kind: (int(n), int(r)) for n, kind, r in re.findall(r"(\d+) ([a-zA-Z ]+?) \((\d+) of them retries\)", said[-1])}
+    run.everyone = _served(cluster) - served
+    events, _ = cluster.audit_events(offset)
+    ours = [e for e in events if e.get("userAgent", "").startswith(USER_AGENT)]
+    created: dict[str, float] = {}
+    for e in ours:
+        obj = e.get("objectRef") or {}
+        res = _resource(obj)
+        run.requests[(e["verb"], res)] += 1
+        code = (e.get("responseStatus") or {}).get("code", 0)
+        if code >= 400:
+            run.failed_codes[f"{e['verb']} {res} {code}"] += 1
+        if e["verb"] == "create" and res == "pods" and code < 300:
+            created[obj["name"]] = _stamp(e["requestReceivedTimestamp"])
+    ledger = Ledger(FileStore(base / f"store-{label}"), campaign)
+    if ledger.verify():
+        run.problems.append(f"the ledger's chain does not verify: {ledger.verify()[:3]}")
+    states = ledger.sessions()
+    counted = Counter(s.status for s in states.values())
+    if counted != Counter({"succeeded": run.sessions}):
+        run.problems.append(f"sessions: {dict(counted)} of {run.sessions}")
+    if any(s.attempt != 1 for s in states.values()):
+        run.problems.append(f"{sum(s.attempt != 1 for s in states.values())} sessions at attempt > 1")
+    instance = KubeSettings.model_fields["instance"].default  # the controller's: RUNNER_KUBE__INSTANCE is not set
+    outcome_at = {manifests.pod_name(instance, campaign, *e["session"].split("/", 1), e["attempt"]): _stamp(e["at"])
+                  for e in ledger.entries if e["type"] == "outcome"}
+    twice = [n for n, runs in sim.harness_runs.items() if len(runs) != 1]
+    if twice:
+        run.problems.append(f"{len(twice)} pods ran their harness more than once")
+    if len(sim.created) != run.sessions or any(len(u) != 1 for u in sim.created.values()):
+        run.problems.append(f"{len(sim.created)} pod names for {run.sessions} sessions")
+    if sim.errors:
+        run.problems.append(f"SimNode: {len(sim.errors)} errors, first: {sim.errors[:3]}")
+    if run.code not in (0,):
+        run.problems.append(f"the controller exited {run.code} (its log: {base / f'controller-{label}.log'}): "
+                            f"{run.stderr.strip().splitlines()[-1][-300:] if run.stderr.strip() else ''}")
+    for name, runs in sim.harness_runs.items():
+        start, end = runs[0]
+        if name in created:
+            run.start_lat.append(start - created[name])
+        if end is not None and name in outcome_at:
+            run.end_lat.append(outcome_at[name] - end)
+    client.CoreV1Api(cluster.api_client()).delete_namespace(ns)
+    return run
+
+
+def report(runs: list[Run]) -> None:
+    print(f"\n{'run':<10}{'sessions':>9}{'at once':>8}{'most':>6}{'wall s':>8}{'CPU s/session':>14}{'peak RSS MiB (running)':>23}"
+          f"{'requests/session':>17}{'execs/session (retried)':>24}"
+          f"{'create->start p50/p99 s':>25}{'exit->outcome p50/p99 s':>25}  problems")
+    for r in runs:
+        total = sum(r.requests.values()) / r.sessions
+        print(f"{r.label:<10}{r.sessions:>9}{r.concurrency:>8}{r.most:>6}{r.wall:>8.1f}{r.cpu / r.sessions:>14.3f}{r.rss:>14.1f} ({r.rss_running:>5.1f})"
+              f"{total:>17.2f}{r.tally.get('exec transfers', (0, 0))[0] / r.sessions:>15.2f} ({r.tally.get('exec transfers', (0, 0))[1] / r.sessions:.3f})"
+              f"{_pct(r.start_lat, 50):>12.2f} / {_pct(r.start_lat, 99):>6.2f}    {_pct(r.end_lat, 50):>10.2f} / {_pct(r.end_lat, 99):>6.2f}"
+              f"  {'; '.join(r.problems) or 'none'}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sessions", type=int, default=1000, help="sessions of the large campaign (rounded down to a multiple of 4)")
+    ap.add_argument("--concurrency", type=int, default=500, help="sessions at once in the large campaign")
+    ap.add_argument("--baseline-sessions", type=int, default=200, help="sessions of the baseline campaign, at a fifth of --concurrency, harnesses as long")
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=60.0, help="each harness's length at --concurrency; the sweep scales it with the concurrency")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="more environment of the controller, every run's")
+    ap.add_argument("--sweep", default="750,1000,1500", help="concurrencies to try after the large campaign, one wave each, until one fails ('' for none)")
+    args = ap.parse_args()
+    extra = dict(e.split("=", 1) for e in args.env)
+
+    bin_dir = run_build()
+    base = Path(tempfile.mkdtemp(prefix="bs-", dir="/tmp"))
+    base.chmod(0o755)
+    stream = base / "real.jsonl"
+    # The stream was recorded by the local executor, whose CLI had its configuration in
+    # /session/config; in a session pod the CLI's is manifests.CONFIG_DIR, and it names its
+    # memory path under it (the transform refuses one outside it).
+    stream.write_bytes(REAL_STREAM.read_bytes().replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/"))
+    runs: list[Run] = []
+    with start_cluster(bin_dir, base / "kwok") as cluster:
+        cluster.add_nodes(args.nodes, prefix="scale")
+        small = max(1, args.concurrency // 5)
+        runs.append(one_run(cluster, base, stream, "baseline", args.baseline_sessions, small, args.seconds, extra))
+        runs.append(one_run(cluster, base, stream, "large", args.sessions, args.concurrency, args.seconds, extra))
+        report(runs)
+        failed_at = None
+        for c in [int(x) for x in args.sweep.split(",") if x.strip()]:
+            r = one_run(cluster, base, stream, f"sweep-{c}", c, c, args.seconds * c / args.concurrency, extra)
+            runs.append(r)
+            report(runs)
+            if r.problems:
+                failed_at = r
+                break
+    b, big = runs[0], runs[1]
+    print("\nAPI requests per session by verb and resource (the runner's, from the audit log):")
+    keys = sorted(set(b.requests) | set(big.requests))
+    print(f"  {'verb resource':<28}{b.label:>10}{big.label:>10}{'ratio':>8}")
+    for k in keys:
+        x, y = b.per_session(k), big.per_session(k)
+        print(f"  {k[0] + ' ' + k[1]:<28}{x:>10.3f}{y:>10.3f}{(y / x if x else float('inf')):>7.2f}x")
+    tb, tl = sum(b.requests.values()) / b.sessions, sum(big.requests.values()) / big.sessions
+    print(f"  {'all':<28}{tb:>10.3f}{tl:>10.3f}{tl / tb:>7.2f}x")
+    print("every client's requests per session by verb (apiserver_request_total; SimNode, KWOK and the control plane included):")
+    for verb in sorted(set(b.everyone) | set(big.everyone)):
+        x, y = b.everyone[verb] / b.sessions, big.everyone[verb] / big.sessions
+        print(f"  {verb:<28}{x:>10.3f}{y:>10.3f}{(y / x if x else float('inf')):>7.2f}x")
+    for r in runs:
+        if r.failed_codes:
+            print(f"  {r.label}: the runner's requests answered >= 400: {dict(r.failed_codes.most_common(6))}")
+    if failed_at is not None:
+        print(f"\nfirst failure: {failed_at.label} ({failed_at.concurrency} at once): {'; '.join(failed_at.problems)}")
+    elif len(runs) > 2:
+        print(f"\nno failure up to {runs[-1].concurrency} at once")
+    cpu, flat = big.cpu / big.sessions, abs(tl / tb - 1)
+    held = [cpu <= CPU_GOAL, big.rss <= RSS_GOAL, flat <= FLAT_GOAL, not big.problems]
+    print(f"verdict: CPU {cpu:.3f} s/session (goal <= {CPU_GOAL}) {'holds' if held[0] else 'FAILS'}; "
+          f"peak RSS {big.rss:.0f} MiB ({big.rss_running:.0f} while harnesses ran) at {big.most} at once "
+          f"(goal <= {RSS_GOAL:.0f} at {big.concurrency}) "
+          f"{'holds' if held[1] and big.most >= big.concurrency else 'FAILS'}; "
+          f"requests/session {tl / tb:.2f}x the baseline's (goal flat, within {FLAT_GOAL:.0%}) {'holds' if held[2] else 'FAILS'}; "
+          f"every session once: {'yes' if held[3] else 'NO'}")
+    return 0 if all(held) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
