@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from ports import free_port
+from wire import read_head
 
 from runner.k8s.egress import squid_conf, squid_entrypoint
 
@@ -134,13 +135,7 @@ def _send(port: int, request: bytes) -> tuple[socket.socket, bytes]:
     """Send ``request``; return the socket and the response head (through the blank line)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     sock.sendall(request)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = sock.recv(4096)
-        if not chunk:
-            break
-        head += chunk
-    return sock, head
+    return sock, read_head(sock)
 
 
 def _connect(port: int, target: str) -> tuple[socket.socket, bytes]:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from kubernetes import client
+from wire import read_head  # tests/ is on the path (tests/conftest.py)
 
 from runner.k8s.api import ExecError, Kube
 from runner.settings import KubeSettings
@@ -74,13 +75,7 @@ def test_every_request_names_the_runner_exec_included(tmp_path):
     def answer_once() -> None:
         conn, _ = srv.accept()
         with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-            got.append(data)
+            got.append(read_head(conn))
             conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
 
     kubeconfig = tmp_path / "kubeconfig"
