@@ -134,7 +134,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
            "PYTHONPATH": str(REPO), **extra_env}
     argv = [sys.executable, "-m", "runner", "run", str(plan_path), "--corpus", str(demo.CORPUS),
             "--executor", "kubernetes", "--concurrency", str(concurrency)]
-    offset = (cluster.cluster_dir / "logs" / "audit.log").stat().st_size
+    offset = cluster.audit_offset()
     served = _served(cluster)
     sim_root = base / f"sim-{label}"
     sim_root.mkdir(mode=0o755)

@@ -235,13 +235,30 @@ class KubeCluster:
 
     def audit_events(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """The API server's audit events (one per request, at its completion; see AUDIT_POLICY)
-        logged from byte ``offset`` of its log on, and the offset to read on from."""
-        path = self.cluster_dir / "logs" / "audit.log"
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
+        logged from byte ``offset`` of its log on, and the offset to read on from. The log is
+        rotated at 100 MB into audit-TIME.log files, never changed after: ``offset`` counts
+        their bytes, oldest first, then the current log's."""
+        logs = self.cluster_dir / "logs"
+        data, base = b"", 0
+        for path in [*sorted(logs.glob("audit-*.log")), logs / "audit.log"]:
+            size = path.stat().st_size
+            if base + size > offset:
+                with open(path, "rb") as f:
+                    f.seek(max(0, offset - base))
+                    data += f.read()
+            base += size
         end = data.rfind(b"\n") + 1  # a line still being written is read next time
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
+    def audit_offset(self) -> int:
+        """Where the audit events logged from now on begin (for ``audit_events``)."""
+        logs = self.cluster_dir / "logs"
+        done = sum(p.stat().st_size for p in logs.glob("audit-*.log"))
+        with open(logs / "audit.log", "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - (1 << 16)))
+            tail = f.read()
+        return done + size - len(tail) + tail.rfind(b"\n") + 1
 
     def component_logs(self, lines: int = 40) -> str:
         out = []

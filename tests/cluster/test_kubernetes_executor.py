@@ -161,7 +161,7 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
     """The demo campaign (8 sessions) end to end: pods, the real CLI in the harness container's
     place, streams through the reader socket and exec, transcripts that pass intake."""
     store = (tmp_path / "store").as_uri()
-    _, audit_from = kube_cluster.audit_events(0)
+    audit_from = kube_cluster.audit_offset()
     with ScriptedProvider(json.loads(demo.SCENARIOS.read_text())) as provider, \
             SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]) as sim:
         env = {**os.environ, **_env(kube_cluster, namespace, store,
@@ -261,7 +261,7 @@ def test_the_light_node_runs_a_whole_wave_at_once_and_every_stream_passes_intake
     stream.write_bytes(REAL_STREAM.read_bytes().replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/"))
     store = open_store(store_uri, settings)
     executor = KubernetesExecutor(settings, Kube(settings.kube))
-    _, audit_from = kube_cluster.audit_events(0)
+    audit_from = kube_cluster.audit_offset()
     with SimNode(kube_cluster.api_client(), namespace, sim_root, Replay(stream, 20.0)) as sim:
         try:
             report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 48, [],
