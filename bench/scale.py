@@ -226,6 +226,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="each harness's length at --concurrency; the sweep scales it with the concurrency")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="more environment of the controller, every run's")
     ap.add_argument("--sweep", default="750,1000,1500", help="concurrencies to try after the large campaign, one wave each, until one fails ('' for none)")
+    ap.add_argument("--sweep-only", action="store_true", help="no baseline and large campaign: the sweep alone, and no verdict on the goals")
     args = ap.parse_args()
     extra = dict(e.split("=", 1) for e in args.env)
 
@@ -241,9 +242,10 @@ def main() -> int:
     with start_cluster(bin_dir, base / "kwok") as cluster:
         cluster.add_nodes(args.nodes, prefix="scale")
         small = max(1, args.concurrency // 5)
-        runs.append(one_run(cluster, base, stream, "baseline", args.baseline_sessions, small, args.seconds, extra))
-        runs.append(one_run(cluster, base, stream, "large", args.sessions, args.concurrency, args.seconds, extra))
-        report(runs)
+        if not args.sweep_only:
+            runs.append(one_run(cluster, base, stream, "baseline", args.baseline_sessions, small, args.seconds, extra))
+            runs.append(one_run(cluster, base, stream, "large", args.sessions, args.concurrency, args.seconds, extra))
+            report(runs)
         failed_at = None
         for c in [int(x) for x in args.sweep.split(",") if x.strip()]:
             r = one_run(cluster, base, stream, f"sweep-{c}", c, c, args.seconds * c / args.concurrency, extra)
@@ -252,6 +254,10 @@ def main() -> int:
             if r.problems:
                 failed_at = r
                 break
+    if args.sweep_only:
+        failed = f"first failure at {failed_at.concurrency} at once: {'; '.join(failed_at.problems)}" if failed_at else None
+        print(f"\nverdict (sweep only): {failed or f'no failure up to {runs[-1].concurrency} at once'}")
+        return 1 if failed_at else 0
     b, big = runs[0], runs[1]
     print("\nAPI requests per session by verb and resource (the runner's, from the audit log):")
     keys = sorted(set(b.requests) | set(big.requests))
