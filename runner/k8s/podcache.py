@@ -4,12 +4,13 @@ a pod before each operation.
 The watch resumes from the last resourceVersion it saw; a 410 Gone (the version was
 compacted away) or any other end re-lists and starts a new watch, so no transition is missed
 for good. Waiters block on a condition until a pod's state satisfies them, and a pod that
-vanishes from a re-list counts as deleted. A pod is kept as ``trimmed``: its metadata without
-managedFields, its status, and of its spec the node only; a whole pod is about 77 KB as Python
-objects, and a campaign holds one per session running. An event wakes only the waiters of its pod: each
-session waits on its own pod, and waking every waiter on every event cost the controller
-O(events x sessions running) wake-ups, its CPU per session doubling from 100 sessions at
-once to 500 (bench/scale.py).
+vanishes from a re-list counts as deleted.
+
+A pod is kept ``trimmed``: its metadata without managedFields, its node, its status. A whole
+pod is about 77 KB as Python objects, and a campaign holds one per session running. An event
+wakes only the waiters of its pod: each session waits on its own pod, and waking every waiter
+on every event cost the controller O(events x sessions running) wake-ups, its CPU per session
+doubling from 100 sessions at once to 500 (bench/scale.py).
 
 The watch runs in a background thread, which never swallows an error: a refusal (401, 403:
 missing RBAC, an expired token) ends it with the API server's reason, which start() and every
