@@ -16,7 +16,8 @@ Per run it prints:
   KWOK's and the control plane's do not) — the API server's metrics have no label that tells
   clients apart;
 - exec transfers per session and the retries among them, from the tally the controller logs at
-  its end (an exec the API server upgraded and KWOK then failed is audited as a success, 101);
+  its end (``kubernetes: API requests N (R retried); exec transfers ...``); an exec the API
+  server upgraded and KWOK then failed is audited as a success (101);
 - p50/p99 from the pod's creation (the audit event's time) to its harness's start (SimNode's
   delivery seen), and from the harness's exit to the outcome journaled (the ledger entry's
   ``at``, milliseconds);
@@ -157,9 +158,9 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
         (base / f"controller-{label}.log").write_text(run.stderr)
         time.sleep(2)  # the audit log's last events
     run.most = sim.max_running
-    said = re.findall(r"kubernetes: (.*)", run.stderr)
+    said = re.findall(r"runner\.executors\.kubernetes: kubernetes: (.*)", run.stderr)
     if said:
-        run.tally = {kind: (int(n), int(r)) for n, kind, r in re.findall(r"(\d+) ([a-zA-Z ]+?) \((\d+) of them retries\)", said[-1])}
+        run.tally = {kind.strip(): (int(n), int(r)) for kind, n, r in re.findall(r"([a-zA-Z ]+?) (\d+) \((\d+) retried\)", said[-1])}
     run.everyone = _served(cluster) - served
     events, _ = cluster.audit_events(offset)
     ours = [e for e in events if e.get("userAgent", "").startswith(USER_AGENT)]

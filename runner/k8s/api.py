@@ -75,7 +75,7 @@ class Tally:
 
     def summary(self) -> str:
         with self._lock:
-            return "; ".join(f"{n} {kind} ({self.retried.get(kind, 0)} of them retries)" for kind, n in sorted(self.sent.items()))
+            return "; ".join(f"{kind} {n} ({self.retried.get(kind, 0)} retried)" for kind, n in sorted(self.sent.items()))
 
 
 @dataclass

@@ -90,4 +90,4 @@ def test_the_kubernetes_tally_counts_every_attempt_and_the_retries_among_them(tm
     assert kube.call(lambda: "ok") == "ok"
     assert kube.tally.sent == {"exec transfers": 4, "API requests": 4}
     assert kube.tally.retried == {"exec transfers": 2, "API requests": 2}
-    assert kube.tally.summary() == "4 API requests (2 of them retries); 4 exec transfers (2 of them retries)"
+    assert kube.tally.summary() == "API requests 4 (2 retried); exec transfers 4 (2 retried)"
