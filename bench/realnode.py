@@ -36,7 +36,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +46,7 @@ from kubernetes import client, config, watch  # noqa: E402
 
 from runner import demo  # noqa: E402
 from runner.k8s import manifests, names  # noqa: E402
-from runner.ledger import Ledger  # noqa: E402
+from runner.ledger import Ledger, timestamp  # noqa: E402
 from runner.settings import Settings  # noqa: E402
 from runner.store import open_store  # noqa: E402
 
@@ -139,10 +138,6 @@ class CliSampler(threading.Thread):
         self._stop.set()
 
 
-def _at(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
 def run_ours(install, work: Path, campaign: str, sessions: int) -> dict[str, float]:
     """Submit a demo campaign of ``sessions`` sessions and wait for its end: pod name -> the
     time its outcome was journaled (the ledger entry's own ``at``)."""
@@ -165,7 +160,7 @@ def run_ours(install, work: Path, campaign: str, sessions: int) -> dict[str, flo
         if e["type"] == "outcome":
             probe, name = e["session"].split("/", 1)
             assert e["status"] == "succeeded", e
-            out[manifests.pod_name(settings.kube.instance, campaign, probe, name, e["attempt"])] = _at(e["at"])
+            out[manifests.pod_name(settings.kube.instance, campaign, probe, name, e["attempt"])] = timestamp(e["at"])
     return out
 
 

@@ -45,7 +45,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from kubernetes import client
@@ -61,7 +60,7 @@ from test_kubernetes_executor import install_objects  # noqa: E402
 from runner import demo  # noqa: E402
 from runner.k8s import manifests  # noqa: E402
 from runner.k8s.api import USER_AGENT  # noqa: E402
-from runner.ledger import Ledger  # noqa: E402
+from runner.ledger import Ledger, timestamp  # noqa: E402
 from runner.settings import KubeSettings  # noqa: E402
 from runner.store.file import FileStore  # noqa: E402
 
@@ -91,10 +90,6 @@ class Run:
 
     def per_session(self, key: tuple[str, str]) -> float:
         return self.requests[key] / self.sessions
-
-
-def _stamp(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -173,7 +168,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
         if code >= 400:
             run.failed_codes[f"{e['verb']} {res} {code}"] += 1
         if e["verb"] == "create" and res == "pods" and code < 300:
-            created[obj["name"]] = _stamp(e["requestReceivedTimestamp"])
+            created[obj["name"]] = timestamp(e["requestReceivedTimestamp"])
     ledger = Ledger(FileStore(base / f"store-{label}"), campaign)
     if ledger.verify():
         run.problems.append(f"the ledger's chain does not verify: {ledger.verify()[:3]}")
@@ -184,7 +179,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
     if any(s.attempt != 1 for s in states.values()):
         run.problems.append(f"{sum(s.attempt != 1 for s in states.values())} sessions at attempt > 1")
     instance = KubeSettings.model_fields["instance"].default  # the controller's: RUNNER_KUBE__INSTANCE is not set
-    outcome_at = {manifests.pod_name(instance, campaign, *e["session"].split("/", 1), e["attempt"]): _stamp(e["at"])
+    outcome_at = {manifests.pod_name(instance, campaign, *e["session"].split("/", 1), e["attempt"]): timestamp(e["at"])
                   for e in ledger.entries if e["type"] == "outcome"}
     twice = [n for n, runs in sim.harness_runs.items() if len(runs) != 1]
     if twice:

@@ -258,15 +258,14 @@ def watch_campaign(read: Callable[[], dict], interval: float) -> dict:
 def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
     """status --watch on a terminal: the live board (runner/live.py) until every session is
     final; the pace is measured from when the watch began."""
-    from datetime import datetime
-
     from rich.console import Console
     from rich.live import Live
 
+    from runner.ledger import timestamp
     from runner.live import Board, board_view
 
     def board(st: dict) -> Board:
-        running = {k: datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp() if at else began
+        running = {k: timestamp(at) if at else began
                    for k, at in st["running"].items()}
         notes = [f"budget left {dollars(st['budget']['left_usd'])}"] if st["budget"]["left_usd"] is not None else []
         notes += [f"{len(st['waiting'])} waiting for a pod"] if st.get("waiting") else []

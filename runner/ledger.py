@@ -39,6 +39,11 @@ def now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def timestamp(at: str) -> float:
+    """The POSIX time of a stamp ``now()`` wrote (an entry's ``at``)."""
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+
+
 def canonical(entry: dict) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 

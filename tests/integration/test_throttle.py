@@ -11,10 +11,9 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime
 
 from runner import demo
-from runner.ledger import Ledger
+from runner.ledger import Ledger, timestamp
 from runner.store import open_store
 
 SCENARIO = {"scenarios": [{"name": "throttled", "turns": [
@@ -24,7 +23,7 @@ SCENARIO = {"scenarios": [{"name": "throttled", "turns": [
 
 
 def _at(entry: dict) -> float:
-    return datetime.fromisoformat(entry["at"].replace("Z", "+00:00")).timestamp()
+    return timestamp(entry["at"])
 
 
 def _run(campaign: str, repetitions: int, provider, claude_command, tmp_path, **settings: str):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
 from runner import digest, layout
-from runner.ledger import GENESIS, Ledger, LedgerError, canonical
+from runner.ledger import GENESIS, Ledger, LedgerError, canonical, now, timestamp
 from runner.store.file import FileStore
 
 DECL = {"probe": "p1", "arm": "present", "repetition": 1}
@@ -265,3 +266,9 @@ def test_recover_keeps_a_partial_stream_as_incomplete_and_says_what_each_session
     assert {s: again.state(s).status for s in marked} == dict.fromkeys(marked, "interrupted")
     assert again.state("p1/absent-002").status == "intended"
     assert again.recover() == [] and again.verify() == []
+
+
+def test_a_stamp_reads_back_as_the_moment_it_names():
+    assert timestamp("2026-12-04T19:47:08.602Z") == 1796413628.602
+    before = time.time()
+    assert before - 0.002 <= timestamp(now()) <= time.time()
