@@ -170,8 +170,9 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
         if e["verb"] == "create" and res == "pods" and code < 300:
             created[obj["name"]] = timestamp(e["requestReceivedTimestamp"])
     ledger = Ledger(FileStore(base / f"store-{label}"), campaign)
-    if ledger.verify():
-        run.problems.append(f"the ledger's chain does not verify: {ledger.verify()[:3]}")
+    broken = ledger.verify()
+    if broken:
+        run.problems.append(f"the ledger's chain does not verify: {broken[:3]}")
     states = ledger.sessions()
     counted = Counter(s.status for s in states.values())
     if counted != Counter({"succeeded": run.sessions}):
@@ -188,7 +189,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
         run.problems.append(f"{len(sim.created)} pod names for {run.sessions} sessions")
     if sim.errors:
         run.problems.append(f"SimNode: {len(sim.errors)} errors, first: {sim.errors[:3]}")
-    if run.code not in (0,):
+    if run.code != 0:
         run.problems.append(f"the controller exited {run.code} (its log: {base / f'controller-{label}.log'}): "
                             f"{run.stderr.strip().splitlines()[-1][-300:] if run.stderr.strip() else ''}")
     for name, runs in sim.harness_runs.items():
