@@ -54,7 +54,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests" / "cluster"), str(REPO / "tests")]
 
 from conftest import run_build, start_cluster  # noqa: E402
 from controller import _measure, _plan  # noqa: E402  bench/controller.py
-from simnode import Replay, SimNode  # noqa: E402
+from simnode import Replay, SimNode, as_in_pod  # noqa: E402
 from test_kubernetes_executor import install_objects  # noqa: E402
 
 from runner import demo  # noqa: E402
@@ -231,10 +231,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="bs-", dir="/tmp"))
     base.chmod(0o755)
     stream = base / "real.jsonl"
-    # The stream was recorded by the local executor, whose CLI had its configuration in
-    # /session/config; in a session pod the CLI's is manifests.CONFIG_DIR, and it names its
-    # memory path under it (the transform refuses one outside it).
-    stream.write_bytes(REAL_STREAM.read_bytes().replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/"))
+    stream.write_bytes(as_in_pod(REAL_STREAM.read_bytes()))
     runs: list[Run] = []
     with start_cluster(bin_dir, base / "kwok") as cluster:
         cluster.add_nodes(args.nodes, prefix="scale")

@@ -50,6 +50,7 @@ from kubernetes import client, watch
 from runner.entrypoints.pod import DELIVERED_NAME, RECORD_NAME, STREAM_NAME, _write_atomic
 from runner.entrypoints.pod import _now as _reader_now
 from runner.executors.elf import elf_loader
+from runner.k8s import manifests
 
 REPO = Path(__file__).resolve().parents[2]
 KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
@@ -59,6 +60,14 @@ SECRET_TTL_SECONDS = 2.0  # a Secret read serves the pods started within this lo
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_in_pod(stream: bytes) -> bytes:
+    """A stream the real CLI wrote under the local executor (its configuration in
+    /session/config), as the CLI writes it in a session pod: there its configuration is in
+    manifests.CONFIG_DIR, under which it names its memory path (the transform refuses one
+    outside it)."""
+    return stream.replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/")
 
 
 @dataclass(frozen=True)

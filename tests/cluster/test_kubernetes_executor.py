@@ -28,7 +28,7 @@ from runner.budget import books
 from runner.campaign import run_sessions
 from runner.demo.provider import ScriptedProvider
 from runner.executors.kubernetes import START_ATTEMPTS, KubernetesExecutor
-from runner.k8s import manifests, names
+from runner.k8s import names
 from runner.k8s.api import Kube
 from runner.ledger import Ledger
 from runner.plan import parse_plan
@@ -38,7 +38,7 @@ from runner.transform.run import run_transform
 
 sys.path.insert(0, str(Path(__file__).parent))
 from relay import Relay  # noqa: E402
-from simnode import Replay, SimNode  # noqa: E402
+from simnode import Replay, SimNode, as_in_pod  # noqa: E402
 
 REAL_STREAM = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 
@@ -257,8 +257,8 @@ def test_the_light_node_runs_a_whole_wave_at_once_and_every_stream_passes_intake
     settings = _settings(_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
                               RUNNER_KUBE__CREATE_CONCURRENCY="16"))
     plan = _plan(f"light-{_uid()}", 12)  # 2 probes x 2 arms x 12
-    stream = sim_root / "replay.jsonl"  # as the CLI writes it in a pod: its configuration in CONFIG_DIR
-    stream.write_bytes(REAL_STREAM.read_bytes().replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/"))
+    stream = sim_root / "replay.jsonl"
+    stream.write_bytes(as_in_pod(REAL_STREAM.read_bytes()))
     store = open_store(store_uri, settings)
     executor = KubernetesExecutor(settings, Kube(settings.kube))
     audit_from = kube_cluster.audit_offset()

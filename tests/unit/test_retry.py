@@ -56,7 +56,7 @@ def test_waits_grow_exponentially_up_to_ten_seconds(backoff, attempt, expected):
     assert RetryPolicy(bool, 3, backoff).retrying().wait(State()) == expected
 
 
-def test_the_kubernetes_tally_counts_every_attempt_and_the_retries_among_them(tmp_path):
+def test_the_kubernetes_tally_counts_every_attempt_and_the_retries_among_them():
     """What the executor logs when it closes: requests and exec transfers sent, retries among them."""
     from kubernetes import client
 
