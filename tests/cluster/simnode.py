@@ -88,6 +88,8 @@ class _Pod:
     harness_ended: float | None = None
     ended: dict[str, dict] = field(default_factory=dict)  # container -> its terminated state
     pod: dict = field(default_factory=dict)  # as first seen scheduled
+    mounts: dict[str, dict[str, Path]] = field(default_factory=dict)  # per container, mount path -> host directory
+    reader_env: dict[str, str] = field(default_factory=dict)  # the reader container's (and its exec's) environment
     capture: Path | None = None  # the light node: the capture volume's host directory
     written: int = 0  # the light node: stream bytes written so far
     run: tuple[int, str] | None = None  # the light node: the harness run's index in harness_runs, its start
@@ -271,7 +273,8 @@ class SimNode:
 
     def _prepare(self, p: _Pod, pod: dict) -> None:
         """The pod's volumes and its KWOK Exec object, as soon as the pod exists."""
-        exec_env = self._reader_env(pod, self._dirs(p, pod))
+        p.mounts = self._dirs(p, pod)
+        p.reader_env = exec_env = self._reader_env(pod, p.mounts)
         self.custom.create_namespaced_custom_object(KWOK_GROUP, KWOK_VERSION, self.namespace, "execs", {
             "apiVersion": f"{KWOK_GROUP}/{KWOK_VERSION}", "kind": "Exec",
             "metadata": {"name": p.name, "namespace": self.namespace},
@@ -282,10 +285,10 @@ class SimNode:
         })
 
     def _start(self, p: _Pod, pod: dict) -> None:
-        mounts = self._dirs(p, pod)
+        """Its containers, once it is scheduled (after ``_prepare``, in the same worker)."""
+        mounts, exec_env = p.mounts, p.reader_env
         containers = {c["name"]: c for c in pod["spec"]["containers"]}
         reader = containers["reader"]
-        exec_env = self._reader_env(pod, mounts)
         p.pod = pod
         if isinstance(self.harness, Replay):
             p.capture = Path(exec_env["PROBE_CAPTURE_DIR"])
