@@ -234,12 +234,25 @@ def status_line(st: dict, width: int = 24) -> str:
     left = st["budget"]["left_usd"]
     budget = f", budget left {dollars(left)}" if left is not None else ""
     return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running{waiting}, "
-            f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}")
+            f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}{transcripts_note(st, ', ')}")
+
+
+def transcripts_note(st: dict, lead: str = "") -> str:
+    """Once every session is final: whether the transcripts are ready to pull yet."""
+    if st["final"] != st["total"]:
+        return ""
+    return lead + ("transcripts ready" if st["transcripts"]["ready"] else "waiting for the transform to write the transcripts")
+
+
+def settled(st: dict) -> bool:
+    """Nothing left to watch: every session is final and the transcripts of them are ready."""
+    return bool(st["final"] == st["total"] and st["transcripts"]["ready"])
 
 
 def watch_campaign(read: Callable[[], dict], interval: float) -> dict:
-    """Follow a campaign (``read``: its status now) until every session is final: the live
-    board on a terminal, one plain line per change otherwise. Returns the last status."""
+    """Follow a campaign (``read``: its status now) until it is ``settled``, so a pull right
+    after finds its transcripts: the live board on a terminal, one plain line per change
+    otherwise. Returns the last status."""
     st = read()
     if sys.stdout.isatty():
         return watch_live(st, read, interval)
@@ -249,15 +262,15 @@ def watch_campaign(read: Callable[[], dict], interval: float) -> dict:
         if line != last:
             click.echo(line)
         last = line
-        if st["final"] == st["total"]:
+        if settled(st):
             return st
         time.sleep(interval)
         st = read()
 
 
 def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
-    """status --watch on a terminal: the live board (runner/live.py) until every session is
-    final; the pace is measured from when the watch began."""
+    """status --watch on a terminal: the live board (runner/live.py) until the campaign is
+    ``settled``; the pace is measured from when the watch began."""
     from rich.console import Console
     from rich.live import Live
 
@@ -270,13 +283,14 @@ def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
         notes = [f"budget left {dollars(st['budget']['left_usd'])}"] if st["budget"]["left_usd"] is not None else []
         notes += [f"{len(st['waiting'])} waiting for a pod"] if st.get("waiting") else []
         notes += [f"{len(st['refusals'])} refused so far"] if st["refusals"] else []
+        notes += [transcripts_note(st)] if transcripts_note(st) else []
         return Board(st["campaign"], st["total"], st["arms"], running, Decimal(st["cost_usd"]), began,
                      st["final"] - final_at_start, notes)
 
     began, final_at_start = time.time(), st["final"]
     current = [board(st)]  # redrawn twice a second, so elapsed times move between reads
     with Live(get_renderable=lambda: board_view(current[0], time.time()), console=Console(), refresh_per_second=2):
-        while st["final"] != st["total"]:
+        while not settled(st):
             time.sleep(interval)
             st = read()
             current[0] = board(st)
@@ -295,8 +309,8 @@ def waiting_lines(waiting: dict[str, dict[str, str]]) -> list[str]:
 @cli.command(short_help="counts of sessions by state, cost so far, refusals")
 @campaign_argument
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
-@click.option("--watch", is_flag=True, help="follow the campaign until every session is final: a live progress bar on a "
-                                            "terminal, a plain line per change otherwise")
+@click.option("--watch", is_flag=True, help="follow the campaign until every session is final and its transcripts are ready "
+                                            "to pull: a live progress bar on a terminal, a plain line per change otherwise")
 @click.option("--interval", type=float, default=10.0, metavar="SECONDS",
               help="seconds between two reads of the ledger with --watch (default: 10)")
 @with_settings()
@@ -323,7 +337,17 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
         click.echo(f"budget: {dollars(money['campaign_usd'])}: spent {dollars(money['spent_usd'])}, reserved "
                    f"{dollars(money['reserved_usd'])} by sessions not settled, left {dollars(money['left_usd'])}")
     click.echo(f"refusals: {len(st['refusals'])}")
+    click.echo(transcripts_line(plan.campaign, st["transcripts"]))
     return 0
+
+
+def transcripts_line(campaign: str, transcripts: dict) -> str:
+    if transcripts["ready"]:
+        return f"transcripts: ready (written {transcripts['written_at']}); `probe-runner pull {campaign} --dest DIR` fetches them"
+    if transcripts["written_at"] is None:
+        return "transcripts: not written yet: the run's transform writes them once every session is final"
+    return (f"transcripts: not ready: the last transform (ended {transcripts['written_at']}) read the ledger as it was "
+            f"before, or one is writing now; `probe-runner transform {campaign}` writes them again if no run will")
 
 
 @cli.command(short_help="check that this host (and with --cluster, the install) can run a campaign")
@@ -383,7 +407,8 @@ def install_settings(kube: Any, settings: Settings) -> Settings:
 @cli.command(short_help="upload a plan and its corpus to the bucket and start the campaign in the cluster")
 @plan_argument
 @corpus_option()
-@click.option("--watch", is_flag=True, help="then follow the campaign until every session is final, as status --watch")
+@click.option("--watch", is_flag=True,
+              help="then follow the campaign until every session is final and its transcripts are ready, as status --watch")
 @click.option("--interval", type=float, default=10.0, metavar="SECONDS",
               help="seconds between two reads of the ledger with --watch (default: 10)")
 @with_settings(budget=True)

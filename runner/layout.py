@@ -43,6 +43,13 @@ def refusals_key(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/refusals.json"
 
 
+def transformed_key(campaign: str) -> str:
+    """The transform's receipt, written after everything else it writes: when, which reading
+    of the ledger (ledger.sessions_digest), which SHA256SUMS. Outside transcripts/, so a pull
+    never fetches it."""
+    return f"{campaign_prefix(campaign)}/transformed.json"
+
+
 def transcripts_prefix(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/"
 

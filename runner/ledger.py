@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -69,6 +70,14 @@ class SessionState:
         if self.attempt:
             return "intended"
         return "pending"
+
+
+def sessions_digest(states: dict[str, SessionState], keys: Iterable[str]) -> str:
+    """One digest of what the ledger says of the sessions ``keys`` (status, attempt, outcome
+    detail): all a transform reads of it. The transform's receipt carries it, so a reader can
+    tell whether the ledger moved on after the transcripts were written."""
+    said = [(k, s.status, s.attempt, s.detail) if (s := states.get(k)) else (k, "pending", 0, {}) for k in keys]
+    return digest.of_bytes(canonical({"sessions": sorted(said)}))
 
 
 class Ledger:

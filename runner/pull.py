@@ -19,8 +19,9 @@ def verified_transcripts(store: Store, campaign: str) -> dict[str, bytes]:
     if not keys:
         raise UserError(f"campaign {campaign!r} has no transcripts in {store.uri} (run `probe-runner transform` first)")
     if layout.sums_key(campaign) not in keys:
-        raise UserError(f"campaign {campaign!r}: no {layout.SUMS_NAME} beside the transcripts in {store.uri}; "
-                        f"`probe-runner transform {campaign}` writes it")
+        raise UserError(f"campaign {campaign!r}: no {layout.SUMS_NAME} beside the transcripts in {store.uri}: the "
+                        f"transform has not finished; `probe-runner status {campaign} --watch` waits for it, "
+                        f"`probe-runner transform {campaign}` writes it if no run will")
     sums = store.get(layout.sums_key(campaign))
     lines = [line.split("  ", 1) for line in sums.decode(errors="replace").splitlines()]
     if not all(len(x) == 2 and len(x[0]) == 64 for x in lines):

@@ -1,5 +1,6 @@
 """A campaign at a glance, from its ledger and stored streams: sessions by state, the cost the
-captured streams state, the refusals. Read by ``probe-runner status`` (and its --watch)."""
+captured streams state, the refusals, whether its transcripts are ready to pull. Read by
+``probe-runner status`` (and its --watch)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 from decimal import Decimal
 from typing import Any
 
-from runner import layout, stream
+from runner import digest, layout, stream
 from runner.budget import books
-from runner.ledger import Ledger
+from runner.ledger import Ledger, SessionState, sessions_digest
 from runner.plan import Plan
 from runner.store import Store
 
@@ -21,8 +22,8 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     """Sessions by state, the cost stated by the streams captured so far, the budget's books
     (spent, reserved and, against ``budget`` or else the one the last start was journaled
     under, left), and the refusals (refusals.json once the transform wrote it, else the
-    sessions refused so far). ``costs`` caches each stream's cost by key: a captured stream
-    never changes."""
+    sessions refused so far), and the transcripts (``_transcripts``). ``costs`` caches each
+    stream's cost by key: a captured stream never changes."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     counts: dict[str, int] = {}
@@ -54,7 +55,22 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     total = sum(counts.values())
     return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
             "sessions": counts, "arms": arms, "running": running, "cost_usd": str(cost), "budget": money,
-            "refusals": refusals, "waiting": _waiting(store, plan, states)}
+            "refusals": refusals, "waiting": _waiting(store, plan, states), "transcripts": _transcripts(store, plan, states)}
+
+
+def _transcripts(store: Store, plan: Plan, states: dict[str, SessionState]) -> dict[str, object]:
+    """Whether the transcripts are ready to pull: the transform's receipt names the ledger as it
+    is now and the SHA256SUMS stored now. Not ready while a transform is writing (sessions end
+    in the ledger before the controller's transform writes), or once the ledger moved on after
+    it (a session cancelled or resumed since). ``written_at``: when the last transform ended."""
+    key = layout.transformed_key(plan.campaign)
+    if not store.exists(key):
+        return {"ready": False, "written_at": None}
+    receipt = json.loads(store.get(key))
+    sums = layout.sums_key(plan.campaign)
+    ready = (receipt["sessions_sha256"] == sessions_digest(states, [spec.key for spec in plan.sessions()])
+             and store.exists(sums) and digest.of_bytes(store.get(sums)) == receipt["sums_sha256"])
+    return {"ready": ready, "written_at": receipt["at"]}
 
 
 def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, dict[str, str]]:

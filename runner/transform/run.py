@@ -22,10 +22,10 @@ from dataclasses import dataclass, field, replace
 from decimal import MAX_PREC, Decimal, localcontext
 from typing import Any
 
-from runner import layout, stream
+from runner import digest, layout, stream
 from runner.campaign import load_identifiers
 from runner.errors import UserError
-from runner.ledger import Ledger, SessionState
+from runner.ledger import Ledger, SessionState, now, sessions_digest
 from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
 from runner.transform.events import SessionFacts, SessionOutcome, result_needed, session_event
@@ -343,6 +343,7 @@ class Transformed:
     report: TransformReport
     sessions: list[SessionRecord]  # every planned session, in the plan's order
     transcripts: dict[str, str]  # arm -> the transcript's text, for the arms whose transcript was confirmed
+    read: str  # ledger.sessions_digest of the ledger as this transform read it
 
 
 def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], None] | None = None,
@@ -431,12 +432,13 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
             r.recorded = (r.spec.probe, r.spec.name) in kept
         transcripts[arm] = transcript.text
         report.arms.append(ArmResult(arm, key, len(result.events), None))
-    return Transformed(report, records, transcripts)
+    return Transformed(report, records, transcripts, sessions_digest(states, [r.spec.key for r in records]))
 
 
 def run_transform(store: Store, plan: Plan, workers: int = 1, parallel_min_bytes: int = 0) -> TransformReport:
     """Transform the campaign and write what it makes: each confirmed transcript (one the
-    intake confirmation refused is deleted), refusals.json, and SHA256SUMS over them."""
+    intake confirmation refused is deleted), refusals.json, SHA256SUMS over them, and last the
+    receipt (layout.transformed_key) that says which reading of the ledger they are of."""
     done = transform_campaign(store, plan, workers=workers, parallel_min_bytes=parallel_min_bytes)
     for arm in done.report.arms:
         if arm.key is not None:
@@ -448,6 +450,9 @@ def run_transform(store: Store, plan: Plan, workers: int = 1, parallel_min_bytes
     store.put(layout.refusals_key(plan.campaign),
               json.dumps({"campaign": plan.campaign, "refusals": report.refusals}, indent=2).encode() + b"\n")
     prefix, sums = layout.transcripts_prefix(plan.campaign), layout.sums_key(plan.campaign)
-    store.put(sums, "".join(f"{hashlib.sha256(store.get(k)).hexdigest()}  {k[len(prefix):]}\n"
-                            for k in store.list(prefix) if k != sums).encode())
+    listed = "".join(f"{hashlib.sha256(store.get(k)).hexdigest()}  {k[len(prefix):]}\n"
+                     for k in store.list(prefix) if k != sums).encode()
+    store.put(sums, listed)
+    store.put(layout.transformed_key(plan.campaign), json.dumps(
+        {"at": now(), "sessions_sha256": done.read, "sums_sha256": digest.of_bytes(listed)}, indent=2).encode() + b"\n")
     return report

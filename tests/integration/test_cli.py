@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -89,6 +91,46 @@ def test_run_continues_and_never_repeats_a_session(tmp_path, env, scripted_provi
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["campaign-absent.md", "campaign-present.md", "refusals.json"]
 
 
+def test_status_watch_ends_only_once_the_transcripts_can_be_pulled(tmp_path, env, scripted_provider):
+    """A run journals every outcome, then transforms: a watch that ended at the last outcome let
+    a pull right after it find no SHA256SUMS (the controller Job's transform was still writing)."""
+    provider = scripted_provider(json.loads(SCENARIOS.read_text()))
+    plan = json.loads(PLAN.read_text())
+    plan.update(probes=plan["probes"][:1], arms=["present"], repetitions=1)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    ran = cli("run", str(tmp_path / "plan.json"), "--corpus", str(CORPUS), env={**env, "RUNNER_PROVIDER__BASE_URL": provider.base_url})
+    assert ran.returncode == 0, ran.stderr
+    stored = tmp_path / "store/campaigns/demo"
+    receipt = json.loads((stored / "transformed.json").read_text())
+    sums = (stored / "transcripts/SHA256SUMS").read_bytes()
+    assert receipt["sums_sha256"] == "sha256:" + hashlib.sha256(sums).hexdigest()
+    assert f"transcripts: ready (written {receipt['at']}); `probe-runner pull demo --dest DIR`" in cli("status", "demo", env=env).stdout
+
+    # The moment between the last outcome and the end of the transform.
+    (stored / "transformed.json").unlink()
+    (stored / "transcripts/SHA256SUMS").unlink()
+    assert json.loads(cli("status", "demo", "--json", env=env).stdout)["transcripts"] == {"ready": False, "written_at": None}
+    early = cli("pull", "demo", "--dest", str(tmp_path / "early"), env=env)
+    assert early.returncode == 2 and "`probe-runner status demo --watch` waits for it" in early.stderr
+    watch = subprocess.Popen([sys.executable, "-m", "runner", "status", "demo", "--watch", "--interval", "0.1"],
+                             env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(3)
+        assert watch.poll() is None, watch.communicate()
+        assert cli("transform", "demo", env=env).returncode == 0
+        out, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    bars = [line for line in out.splitlines() if line.startswith("[")]
+    assert len(bars) == 2, out
+    assert bars[0].startswith("[########################] 1/1 final, 0 running, cost $")
+    assert bars[0].endswith(", refusals 0, waiting for the transform to write the transcripts")
+    assert bars[1] == bars[0].replace("waiting for the transform to write the transcripts", "transcripts ready")
+    assert out.endswith("`probe-runner pull demo --dest DIR` fetches them\n"), out
+    assert cli("pull", "demo", "--dest", str(tmp_path / "out"), env=env).returncode == 0
+
+
 def test_demo_prints_where_the_transcripts_are(tmp_path, env):
     out = cli("demo", env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -137,4 +179,8 @@ def test_a_started_session_is_never_rerun_until_recovered_and_resumed(tmp_path, 
     assert cancel.returncode == 0
     status = json.loads(cli("status", "demo", "--json", env=env).stdout)["sessions"]
     assert status == {"succeeded": 7, "cancelled": 1}
+    # The transcripts say "interrupted" of it: not ready until a transform reads the cancel.
+    assert "transcripts: not ready: the last transform (ended " in cli("status", "demo", env=env).stdout
+    assert cli("transform", "demo", env=env).returncode == 12  # the cancelled session is listed, not recorded
+    assert "transcripts: ready" in cli("status", "demo", env=env).stdout
     assert cli("ledger", "verify", "demo", env=env).returncode == 0

@@ -40,6 +40,9 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
     assert watched.returncode == 0, watched.stderr + job_logs
     bars = [line for line in watched.stdout.splitlines() if line.startswith("[")]
     assert bars[-1].startswith("[########################] 4/4 final, 0 running"), watched.stdout
+    # The watch ends once the Job's transform wrote the transcripts, not at the last outcome: a
+    # pull right after it once found no SHA256SUMS.
+    assert bars[-1].endswith(", transcripts ready"), watched.stdout
     assert "succeeded: 4" in watched.stdout
 
     status = json.loads(_cli(user, "status", campaign, "--json").stdout)

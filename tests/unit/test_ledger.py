@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runner import digest, layout
-from runner.ledger import GENESIS, Ledger, LedgerError, canonical, now, timestamp
+from runner.ledger import GENESIS, Ledger, LedgerError, canonical, now, sessions_digest, timestamp
 from runner.store.file import FileStore
 
 DECL = {"probe": "p1", "arm": "present", "repetition": 1}
@@ -272,3 +272,34 @@ def test_a_stamp_reads_back_as_the_moment_it_names():
     assert timestamp("2026-12-04T19:47:08.602Z") == 1796413628.602
     before = time.time()
     assert before - 0.002 <= timestamp(now()) <= time.time()
+
+
+def test_the_sessions_digest_moves_with_what_a_transform_reads_and_nothing_else(store):
+    lg = ledger(store)
+    other = "p1/present-002"
+    seen = []
+
+    def said():
+        seen.append(sessions_digest(ledger(store).sessions(), [S, other]))
+
+    said()
+    lg.intent(S, 1, DECL)
+    said()
+    lg.start(S, 1)
+    said()
+    lg.outcome(S, 1, "interrupted", {"reason": "killed"})
+    said()
+    lg.append({"type": "note", "text": "an operator's remark"})  # no session's state changes
+    said()
+    assert seen[-1] == seen[-2]
+    lg.intent(S, 2, DECL)  # resumed: a new attempt of the same session
+    said()
+    lg.intent(other, 1, DECL)
+    lg.start(other, 1)
+    lg.outcome(other, 1, "interrupted", {"reason": "killed"})
+    said()
+    lg.close(other, 1)  # cancelled
+    said()
+    assert len(set(seen)) == len(seen) - 1 and all(digest.is_digest(d) for d in seen)
+    assert sessions_digest(ledger(store).sessions(), [other, S]) == seen[-1]  # however the keys come
+    assert sessions_digest(ledger(store).sessions(), [S]) != seen[-1]  # every planned session counts
