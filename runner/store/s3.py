@@ -196,7 +196,7 @@ class S3Store(Store):
         for p in sorted(parts, key=lambda p: p["PartNumber"]):
             if p["PartNumber"] != len(run) + 1:
                 break
-            run.append({"PartNumber": p["PartNumber"], "ETag": p["ETag"]})
+            run.append(_part(p))
         return run
 
     def salvage(self, key: str, dest: str) -> dict | None:
@@ -319,13 +319,18 @@ class _S3StreamWriter(StreamWriter):
 
     def _send(self, n: int, body: bytes | bytearray) -> dict:
         s = self.store
-        etag = s.call("upload_part", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id, PartNumber=n, Body=body)["ETag"]
-        return {"PartNumber": n, "ETag": etag}
+        return _part({"PartNumber": n, **s.call("upload_part", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id,
+                                                PartNumber=n, Body=body)})
 
     def _upload_part(self) -> None:
         s = self.store
         if self.upload_id is None:
-            self.upload_id = s.call("create_multipart_upload", Bucket=s.bucket, Key=self.full)["UploadId"]
+            # CRC32, as boto3's own uploader names it: the server checks each part against the
+            # CRC32 botocore sends with it and builds the object's checksum from the parts'.
+            # Naming none leaves a CRC64NVME of the whole object to compute at completion,
+            # which moto (and any server that emulates it) does in Python.
+            self.upload_id = s.call("create_multipart_upload", Bucket=s.bucket, Key=self.full,
+                                    ChecksumAlgorithm="CRC32")["UploadId"]
         self.sent += 1
         if self.pool is None:  # one part after another: the buffer goes as it is, never copied
             self._uploaded(self._send(self.sent, self.buffer))
@@ -403,6 +408,12 @@ class _S3StreamWriter(StreamWriter):
             del self.inflight[future]
         self.pool.shutdown()
         self.pool = None
+
+
+def _part(p: dict) -> dict:
+    """A part as CompleteMultipartUpload takes it (from UploadPart's answer or ListParts'): an
+    upload created with a checksum algorithm completes only with each part's checksum."""
+    return {k: p[k] for k in ("PartNumber", "ETag", "ChecksumCRC32") if k in p}
 
 
 def _spool_part(n: int) -> str:

@@ -22,6 +22,10 @@ MIB = 1024 * 1024
 def store(request, tmp_path, moto_endpoint, monkeypatch):
     if request.param == "file":
         return FileStore(tmp_path / "store")
+    return _s3_store(tmp_path, moto_endpoint, monkeypatch)
+
+
+def _s3_store(tmp_path, moto_endpoint, monkeypatch) -> S3Store:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     bucket = f"b-{abs(hash(str(tmp_path))) % 10**8}"
@@ -62,6 +66,26 @@ def test_a_stream_spanning_parts_is_stored_whole_with_its_digest(store):
     assert w.sha256 == "sha256:" + hashlib.sha256(data).hexdigest()
     lines = list(store.iter_lines("s/stream.jsonl"))
     assert b"".join(lines) == data and lines[-1] == b"last line without newline"
+
+
+def test_a_multipart_stream_names_crc32_and_completes_with_each_parts_checksum(tmp_path, moto_endpoint, monkeypatch):
+    """As boto3's own uploader does: S3 checks each part against the CRC32 botocore sends and
+    builds the object's checksum from the parts', and an upload created so completes only with
+    each part's CRC32. Naming no algorithm, the server computes a CRC64NVME of the whole object
+    at completion, which moto does in Python: the commit of 1 GiB took 5.8 s that way, 2.8 s
+    this way (bench/README.md, store_s3.py)."""
+    store = _s3_store(tmp_path, moto_endpoint, monkeypatch)
+    completions: list[bytes] = []
+    store.client.meta.events.register("before-send.s3.CompleteMultipartUpload",
+                                      lambda request, **_: completions.append(request.body))
+    w = store.writer("s/stream.jsonl")
+    for _ in range(11):
+        w.write(b"x" * MIB)
+    w.commit()
+    head = store.client.head_object(Bucket=store.bucket, Key=store._key("s/stream.jsonl"), ChecksumMode="ENABLED")
+    assert head["ContentLength"] == 11 * MIB and head.get("ChecksumCRC32") and "ChecksumCRC64NVME" not in head
+    (body,) = completions
+    assert body.count(b"<ChecksumCRC32>") == 3  # parts of 5, 5 and 1 MiB
 
 
 def test_two_ledgers_on_one_store_never_overwrite_each_other(store):
