@@ -101,22 +101,17 @@ def test_status_watch_ends_only_once_the_transcripts_can_be_pulled(tmp_path, env
     ran = cli("run", str(tmp_path / "plan.json"), "--corpus", str(CORPUS), env={**env, "RUNNER_PROVIDER__BASE_URL": provider.base_url})
     assert ran.returncode == 0, ran.stderr
     stored = tmp_path / "store/campaigns/demo"
-    receipt = json.loads((stored / "transformed.json").read_text())
-    sums = (stored / "transcripts/SHA256SUMS").read_bytes()
-    assert receipt["sums_sha256"] == "sha256:" + hashlib.sha256(sums).hexdigest()
-    assert f"transcripts: ready (written {receipt['at']}); `probe-runner pull demo --dest DIR`" in cli("status", "demo", env=env).stdout
 
-    # The moment between the last outcome and the end of the transform.
-    (stored / "transformed.json").unlink()
+    # The moment between the last outcome and the end of the transform: no receipt, no sums.
+    (stored / "transformed.json").unlink(missing_ok=True)
     (stored / "transcripts/SHA256SUMS").unlink()
-    assert json.loads(cli("status", "demo", "--json", env=env).stdout)["transcripts"] == {"ready": False, "written_at": None}
-    early = cli("pull", "demo", "--dest", str(tmp_path / "early"), env=env)
-    assert early.returncode == 2 and "`probe-runner status demo --watch` waits for it" in early.stderr
     watch = subprocess.Popen([sys.executable, "-m", "runner", "status", "demo", "--watch", "--interval", "0.1"],
                              env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(3)
-        assert watch.poll() is None, watch.communicate()
+        assert watch.poll() is None, watch.communicate()  # it waits for the transform
+        early = cli("pull", "demo", "--dest", str(tmp_path / "early"), env=env)
+        assert early.returncode == 2 and "`probe-runner status demo --watch` waits for it" in early.stderr
         assert cli("transform", "demo", env=env).returncode == 0
         out, err = watch.communicate(timeout=60)
     finally:
@@ -129,6 +124,14 @@ def test_status_watch_ends_only_once_the_transcripts_can_be_pulled(tmp_path, env
     assert bars[1] == bars[0].replace("waiting for the transform to write the transcripts", "transcripts ready")
     assert out.endswith("`probe-runner pull demo --dest DIR` fetches them\n"), out
     assert cli("pull", "demo", "--dest", str(tmp_path / "out"), env=env).returncode == 0
+
+    # The receipt names the sums the transform wrote; status reads it.
+    receipt = json.loads((stored / "transformed.json").read_text())
+    sums = (stored / "transcripts/SHA256SUMS").read_bytes()
+    assert receipt["sums_sha256"] == "sha256:" + hashlib.sha256(sums).hexdigest()
+    assert f"transcripts: ready (written {receipt['at']}); `probe-runner pull demo --dest DIR`" in cli("status", "demo", env=env).stdout
+    (stored / "transformed.json").unlink()
+    assert json.loads(cli("status", "demo", "--json", env=env).stdout)["transcripts"] == {"ready": False, "written_at": None}
 
 
 def test_demo_prints_where_the_transcripts_are(tmp_path, env):
