@@ -342,10 +342,13 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
 
 
 def transcripts_line(campaign: str, transcripts: dict) -> str:
+    """What status says of the transcripts, and what to do while they are not ready (a campaign
+    a transform of an earlier version wrote has no receipt: it reads as not written)."""
     if transcripts["ready"]:
         return f"transcripts: ready (written {transcripts['written_at']}); `probe-runner pull {campaign} --dest DIR` fetches them"
     if transcripts["written_at"] is None:
-        return "transcripts: not written yet: the run's transform writes them once every session is final"
+        return ("transcripts: not written yet: the run's transform writes them once every session is final; "
+                f"`probe-runner transform {campaign}` writes them if no run will")
     return (f"transcripts: not ready: the last transform (ended {transcripts['written_at']}) read the ledger as it was "
             f"before, or one is writing now; `probe-runner transform {campaign}` writes them again if no run will")
 

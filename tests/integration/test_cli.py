@@ -130,8 +130,9 @@ def test_status_watch_ends_only_once_the_transcripts_can_be_pulled(tmp_path, env
     sums = (stored / "transcripts/SHA256SUMS").read_bytes()
     assert receipt["sums_sha256"] == "sha256:" + hashlib.sha256(sums).hexdigest()
     assert f"transcripts: ready (written {receipt['at']}); `probe-runner pull demo --dest DIR`" in cli("status", "demo", env=env).stdout
-    (stored / "transformed.json").unlink()
+    (stored / "transformed.json").unlink()  # as a transform of an earlier version left them
     assert json.loads(cli("status", "demo", "--json", env=env).stdout)["transcripts"] == {"ready": False, "written_at": None}
+    assert "`probe-runner transform demo` writes them if no run will" in cli("status", "demo", env=env).stdout
 
 
 def test_demo_prints_where_the_transcripts_are(tmp_path, env):
