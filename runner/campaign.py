@@ -22,9 +22,9 @@ from typing import Any
 
 from runner import digest, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget
-from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
+from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import Executor, Slot, Slots
-from runner.ledger import Ledger
+from runner.ledger import Ledger, sessions_digest
 from runner.live import LiveProgress
 from runner.plan import Plan, SessionSpec, parse_plan
 from runner.seal import seal
@@ -243,6 +243,21 @@ class RunReport:
     unconfined: str | None = None  # why session starts stopped (a failed confinement check), or None
     over_budget: list[str] = field(default_factory=list)  # sessions not started: their reservation did not fit
     budget_why: str | None = None  # the budget's words for the last of them
+    ledger_read: str = ""  # ledger.sessions_digest of the planned sessions as this run left them
+
+    def stopped(self) -> tuple[str, int] | None:
+        """Why this run left sessions that no retry of it starts, and the exit status that says
+        so (a Job fails at once on it): a failed confinement check, a refused key, the budget."""
+        if self.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
+            return (f"halted: {self.unconfined}; no further session was started. Fix the cluster's network policy, "
+                    "then run again", EXIT_CONFINEMENT)
+        if self.halted:  # a setting to fix, not a run to retry
+            return f"halted: {self.halted}; fix the provider's key, then run again", EXIT_USAGE
+        if self.over_budget:
+            return (f"budget: {len(self.over_budget)} session(s) not started, e.g. {self.over_budget[0]}: "
+                    f"{self.budget_why}. Nothing of them is journaled; raise RUNNER_BUDGET__CAMPAIGN_USD (--budget-usd) "
+                    "and run again to start them", EXIT_BUDGET)
+        return None
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
@@ -349,6 +364,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     report.halted = backoff.halted if backoff is not None else None
     if report.unconfined is None:
         report.unconfined = executor.halted()
+    report.ledger_read = sessions_digest(ledger.sessions(), [spec.key for spec in plan.sessions()])
     return report
 
 

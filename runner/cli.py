@@ -23,7 +23,7 @@ import click
 
 from runner import __version__, layout, logs
 from runner.budget import dollars
-from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, UserError
+from runner.errors import EXIT_CONFINEMENT, UserError
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
@@ -177,18 +177,9 @@ def run_sessions(settings: Settings, plan: Any, corpus: Path, executor: str = "l
         click.echo(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
                    f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", err=True)
     code = print_report(done.store, plan, done.transcripts)
-    if report.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
-        click.echo(f"halted: {report.unconfined}; no further session was started. Fix the cluster's network policy, "
-                   "then run again", err=True)
-        return EXIT_CONFINEMENT
-    if report.halted:  # a setting to fix, not a run to retry: a Job fails at once on 2
-        click.echo(f"halted: {report.halted}; fix the provider's key, then run again", err=True)
-        return EXIT_USAGE
-    if report.over_budget:
-        click.echo(f"budget: {len(report.over_budget)} session(s) not started, e.g. {report.over_budget[0]}: "
-                   f"{report.budget_why}. Nothing of them is journaled; raise RUNNER_BUDGET__CAMPAIGN_USD (--budget-usd) "
-                   "and run again to start them", err=True)
-        return EXIT_BUDGET
+    if (stop := report.stopped()) is not None:
+        why, code = stop
+        click.echo(why, err=True)
     return code
 
 
@@ -238,21 +229,25 @@ def status_line(st: dict, width: int = 24) -> str:
 
 
 def transcripts_note(st: dict, lead: str = "") -> str:
-    """Once every session is final: whether the transcripts are ready to pull yet."""
+    """Once every session is final, or the last run stopped: whether the transcripts are ready to
+    pull yet, and that the run stopped."""
+    if st["stopped"] is not None:
+        return lead + "the last run stopped (see below)"
     if st["final"] != st["total"]:
         return ""
     return lead + ("transcripts ready" if st["transcripts"]["ready"] else "waiting for the transform to write the transcripts")
 
 
 def settled(st: dict) -> bool:
-    """Nothing left to watch: every session is final and the transcripts of them are ready."""
-    return bool(st["final"] == st["total"] and st["transcripts"]["ready"])
+    """Nothing left to watch: every session is final and the transcripts of them are ready, or
+    the last run stopped with sessions that nothing starts until someone acts (``stopped``)."""
+    return bool(st["final"] == st["total"] and st["transcripts"]["ready"]) or st["stopped"] is not None
 
 
 def watch_campaign(read: Callable[[], dict], interval: float) -> dict:
     """Follow a campaign (``read``: its status now) until it is ``settled``, so a pull right
-    after finds its transcripts: the live board on a terminal, one plain line per change
-    otherwise. Returns the last status."""
+    after finds its transcripts, or a stopped run leaves nothing to wait for: the live board on a
+    terminal, one plain line per change otherwise. Returns the last status."""
     st = read()
     if sys.stdout.isatty():
         return watch_live(st, read, interval)
@@ -283,7 +278,8 @@ def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
         notes = [f"budget left {dollars(st['budget']['left_usd'])}"] if st["budget"]["left_usd"] is not None else []
         notes += [f"{len(st['waiting'])} waiting for a pod"] if st.get("waiting") else []
         notes += [f"{len(st['refusals'])} refused so far"] if st["refusals"] else []
-        notes += [transcripts_note(st)] if transcripts_note(st) else []
+        notes += [f"the last run stopped: {st['stopped']['why']}"] if st["stopped"] is not None else \
+            [transcripts_note(st)] if transcripts_note(st) else []
         return Board(st["campaign"], st["total"], st["arms"], running, Decimal(st["cost_usd"]), began,
                      st["final"] - final_at_start, notes)
 
@@ -310,7 +306,9 @@ def waiting_lines(waiting: dict[str, dict[str, str]]) -> list[str]:
 @campaign_argument
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 @click.option("--watch", is_flag=True, help="follow the campaign until every session is final and its transcripts are ready "
-                                            "to pull: a live progress bar on a terminal, a plain line per change otherwise")
+                                            "to pull, or its run stopped (a refused key, a failed confinement check, the "
+                                            "budget; the exit status is then the run's): a live progress bar on a terminal, "
+                                            "a plain line per change otherwise")
 @click.option("--interval", type=float, default=10.0, metavar="SECONDS",
               help="seconds between two reads of the ledger with --watch (default: 10)")
 @with_settings()
@@ -323,9 +321,11 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     budget = settings.budget.campaign_usd
     st = watch_campaign(lambda: campaign_status(store, plan, costs, budget), interval) if watch else \
         campaign_status(store, plan, costs, budget)
+    # A watch that ended on a stopped run exits as that run did (as its Job failed).
+    code = st["stopped"]["exit"] if watch and st["stopped"] is not None else 0
     if as_json:
         click.echo(json.dumps(st, indent=2))
-        return 0
+        return code
     click.echo(f"campaign {plan.campaign}: {st['total']} sessions")
     for k in sorted(st["sessions"]):
         click.echo(f"  {k}: {st['sessions'][k]}")
@@ -338,7 +338,9 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
                    f"{dollars(money['reserved_usd'])} by sessions not settled, left {dollars(money['left_usd'])}")
     click.echo(f"refusals: {len(st['refusals'])}")
     click.echo(transcripts_line(plan.campaign, st["transcripts"]))
-    return 0
+    if st["stopped"] is not None:
+        click.echo(f"the last run stopped ({st['stopped']['at']}): {st['stopped']['why']}")
+    return code
 
 
 def transcripts_line(campaign: str, transcripts: dict) -> str:
@@ -411,7 +413,8 @@ def install_settings(kube: Any, settings: Settings) -> Settings:
 @plan_argument
 @corpus_option()
 @click.option("--watch", is_flag=True,
-              help="then follow the campaign until every session is final and its transcripts are ready, as status --watch")
+              help="then follow the campaign as status --watch does: until every session is final and its transcripts "
+                   "are ready, or its run stopped")
 @click.option("--interval", type=float, default=10.0, metavar="SECONDS",
               help="seconds between two reads of the ledger with --watch (default: 10)")
 @with_settings(budget=True)
@@ -456,7 +459,10 @@ def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: 
     from runner.status import campaign_status
 
     costs: dict = {}
-    watch_campaign(lambda: campaign_status(store, parsed, costs, settings.budget.campaign_usd), interval)
+    st = watch_campaign(lambda: campaign_status(store, parsed, costs, settings.budget.campaign_usd), interval)
+    if st["stopped"] is not None:
+        click.echo(f"the last run stopped ({st['stopped']['at']}): {st['stopped']['why']}", err=True)
+        return int(st["stopped"]["exit"])
     return 0
 
 

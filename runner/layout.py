@@ -50,6 +50,12 @@ def transformed_key(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transformed.json"
 
 
+def stopped_key(campaign: str) -> str:
+    """Why the last run stopped with sessions that no retry of it starts (a failed confinement
+    check, a refused key, the budget), and the ledger as it left it: what a watch ends on."""
+    return f"{campaign_prefix(campaign)}/stopped.json"
+
+
 def transcripts_prefix(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/"
 

@@ -6,14 +6,17 @@ transform. The CLI parses and prints around it; nothing here prints."""
 from __future__ import annotations
 
 import fcntl
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner import layout
 from runner.campaign import RunReport, run_sessions
 from runner.errors import UserError
 from runner.executors.base import Executor
+from runner.ledger import now
 from runner.plan import Plan
 from runner.settings import Settings
 from runner.store import Store, open_store
@@ -69,5 +72,9 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
                                   produced or [], resume=resume, backoff=backoff, budget=settings.budget)
         finally:
             runner.close()
-        return CampaignRun(store, report, run_transform(store, plan, settings.transform.workers,
-                                                         settings.transform.parallel_min_bytes))
+        transcripts = run_transform(store, plan, settings.transform.workers, settings.transform.parallel_min_bytes)
+        if (stop := report.stopped()) is not None:  # after the transform: a watch that ends on it finds the transcripts
+            why, code = stop
+            store.put(layout.stopped_key(plan.campaign), json.dumps(
+                {"at": now(), "why": why, "exit": code, "sessions_sha256": report.ledger_read}, indent=2).encode() + b"\n")
+        return CampaignRun(store, report, transcripts)

@@ -10,7 +10,7 @@ from typing import Any
 
 from runner import digest, layout, stream
 from runner.budget import books
-from runner.ledger import Ledger, SessionState, sessions_digest
+from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
 from runner.store import Store
 
@@ -22,8 +22,8 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     """Sessions by state, the cost stated by the streams captured so far, the budget's books
     (spent, reserved and, against ``budget`` or else the one the last start was journaled
     under, left), and the refusals (refusals.json once the transform wrote it, else the
-    sessions refused so far), and the transcripts (``_transcripts``). ``costs`` caches each
-    stream's cost by key: a captured stream never changes."""
+    sessions refused so far), the transcripts (``_transcripts``) and why the last run stopped
+    (``_stopped``). ``costs`` caches each stream's cost by key: a captured stream never changes."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     counts: dict[str, int] = {}
@@ -53,23 +53,37 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
         refusals = [{"scope": "session", "session": s.key, "reason": s.detail.get("reason", "")}
                     for s in states.values() if s.status == "refused"]
     total = sum(counts.values())
+    read = sessions_digest(states, [spec.key for spec in plan.sessions()])
     return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
             "sessions": counts, "arms": arms, "running": running, "cost_usd": str(cost), "budget": money,
-            "refusals": refusals, "waiting": _waiting(store, plan, states), "transcripts": _transcripts(store, plan, states)}
+            "refusals": refusals, "waiting": _waiting(store, plan, states), "transcripts": _transcripts(store, plan, read),
+            "stopped": _stopped(store, plan, read)}
 
 
-def _transcripts(store: Store, plan: Plan, states: dict[str, SessionState]) -> dict[str, object]:
+def _stopped(store: Store, plan: Plan, read: str) -> dict[str, object] | None:
+    """Why the last run stopped with sessions left that no retry of it starts (its words and
+    exit status, layout.stopped_key), while the ledger is as that run left it; None otherwise
+    (no such stop, or a run since has journaled something)."""
+    key = layout.stopped_key(plan.campaign)
+    if not store.exists(key):
+        return None
+    record = json.loads(store.get(key))
+    return {k: record[k] for k in ("why", "exit", "at")} if record["sessions_sha256"] == read else None
+
+
+def _transcripts(store: Store, plan: Plan, read: str) -> dict[str, object]:
     """Whether the transcripts are ready to pull: the transform's receipt names the ledger as it
     is now and the SHA256SUMS stored now. Not ready while a transform is writing (sessions end
     in the ledger before the controller's transform writes), or once the ledger moved on after
-    it (a session cancelled or resumed since). ``written_at``: when the last transform ended."""
+    it (a session cancelled or resumed since). ``read``: ledger.sessions_digest of the ledger
+    now. ``written_at``: when the last transform ended."""
     key = layout.transformed_key(plan.campaign)
     if not store.exists(key):
         return {"ready": False, "written_at": None}
     receipt = json.loads(store.get(key))
     sums = layout.sums_key(plan.campaign)
-    ready = (receipt["sessions_sha256"] == sessions_digest(states, [spec.key for spec in plan.sessions()])
-             and store.exists(sums) and digest.of_bytes(store.get(sums)) == receipt["sums_sha256"])
+    ready = (receipt["sessions_sha256"] == read and store.exists(sums)
+             and digest.of_bytes(store.get(sums)) == receipt["sums_sha256"])
     return {"ready": ready, "written_at": receipt["at"]}
 
 

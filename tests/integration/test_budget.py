@@ -87,6 +87,15 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     money = json.loads(status.stdout)["budget"]
     assert _usd(money["spent_usd"]) == 3 * SESSION_COST and Decimal(money["reserved_usd"]) == 0
     assert _usd(money["left_usd"]) == Decimal("0.06") - 3 * SESSION_COST
+    # Nothing starts the fourth until the budget is raised: a watch ends at once, as the run did
+    # (before, it waited for the fourth for good).
+    watched = subprocess.run([sys.executable, "-m", "runner", "status", "demo", "--watch", "--interval", "0.1"],
+                             capture_output=True, text=True, env=env, timeout=60)
+    assert watched.returncode == EXIT_BUDGET, watched.stdout + watched.stderr
+    assert watched.stdout.startswith("[##################......] 3/4 final, 0 running, cost $")
+    assert watched.stdout.splitlines()[0].endswith(", refusals 1, the last run stopped (see below)"), watched.stdout
+    assert "\nthe last run stopped (" in watched.stdout and "): budget: 1 session(s) not started" in watched.stdout
+    assert json.loads(status.stdout)["stopped"]["exit"] == EXIT_BUDGET
 
     second = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "0.08", env=env)
     assert second.returncode == 0, second.stderr
@@ -95,6 +104,7 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     assert {s.status for s in ledger.sessions().values()} == {"succeeded"} and len(ledger.sessions()) == 4
     intents = [(e["session"], e["attempt"]) for e in ledger.entries if e["type"] == "intent"]
     assert len(intents) == len(set(intents)) == 4 and {a for _, a in intents} == {1}  # no session ran twice
+    assert json.loads(cli("status", "demo", "--json", env=env).stdout)["stopped"] is None  # the run since finished it
     assert _usd(_realized(ledger)) == 4 * SESSION_COST and _realized(ledger) <= Decimal("0.08")
     assert ledger.verify() == []
 
