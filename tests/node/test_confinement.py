@@ -259,7 +259,9 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
     (its entry point finds the API server reachable before the CLI starts; had the CLI started,
     the transform would refuse it for the failed check that overlapped it)."""
     from runner import demo, layout
+    from runner.campaign import load_stored_plan
     from runner.ledger import Ledger
+    from runner.status import campaign_status
     from runner.store import open_store
 
     node = install.node
@@ -282,6 +284,9 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
         store = open_store("s3://probes/campaigns", Settings())
         states = Ledger(store, campaign).sessions()
         refusals = json.loads(store.get(layout.refusals_key(campaign)))["refusals"]
+        # What a user's status --watch ends on, rather than waiting for sessions nothing starts.
+        stopped = campaign_status(store, load_stored_plan(store, campaign), {})["stopped"]
+    assert stopped["exit"] == 12 and stopped["why"].startswith("halted: confinement check"), stopped
     assert len([s for s in states.values() if s.status not in ("intended", "pending")]) < 4, states
     # The session whose pod existed when the policy came is refused either way: by its own entry
     # point if its CLI had not started (the API server was reachable), else by the transform.
