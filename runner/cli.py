@@ -225,12 +225,12 @@ def status_line(st: dict, width: int = 24) -> str:
     left = st["budget"]["left_usd"]
     budget = f", budget left {dollars(left)}" if left is not None else ""
     return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running{waiting}, "
-            f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}{transcripts_note(st, ', ')}")
+            f"cost {dollars(st['cost_usd'])}{budget}, refusals {len(st['refusals'])}{ending_note(st, ', ')}")
 
 
-def transcripts_note(st: dict, lead: str = "") -> str:
-    """Once every session is final, or the last run stopped: whether the transcripts are ready to
-    pull yet, and that the run stopped."""
+def ending_note(st: dict, lead: str = "") -> str:
+    """What the end of the campaign waits on, once there is only that: that the last run
+    stopped, or, every session final, whether the transcripts are ready to pull yet."""
     if st["stopped"] is not None:
         return lead + "the last run stopped (see below)"
     if st["final"] != st["total"]:
@@ -278,8 +278,10 @@ def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
         notes = [f"budget left {dollars(st['budget']['left_usd'])}"] if st["budget"]["left_usd"] is not None else []
         notes += [f"{len(st['waiting'])} waiting for a pod"] if st.get("waiting") else []
         notes += [f"{len(st['refusals'])} refused so far"] if st["refusals"] else []
-        notes += [f"the last run stopped: {st['stopped']['why']}"] if st["stopped"] is not None else \
-            [transcripts_note(st)] if transcripts_note(st) else []
+        if st["stopped"] is not None:
+            notes.append(f"the last run stopped: {st['stopped']['why']}")
+        elif ending := ending_note(st):
+            notes.append(ending)
         return Board(st["campaign"], st["total"], st["arms"], running, Decimal(st["cost_usd"]), began,
                      st["final"] - final_at_start, notes)
 
