@@ -12,7 +12,7 @@ from runner import digest, layout, stream
 from runner.budget import books
 from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
-from runner.store import Store
+from runner.store import NotFound, Store
 
 FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")  # states no run changes by itself
 
@@ -47,8 +47,8 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
         if key and key not in costs:
             costs[key] = stream.parse(store.iter_lines(key)).cost_usd
     cost = sum((c for c in costs.values() if c is not None), Decimal(0))
-    if store.exists(layout.refusals_key(plan.campaign)):
-        refusals = json.loads(store.get(layout.refusals_key(plan.campaign)))["refusals"]
+    if (written := _read(store, layout.refusals_key(plan.campaign))) is not None:
+        refusals = json.loads(written)["refusals"]
     else:
         refusals = [{"scope": "session", "session": s.key, "reason": s.detail.get("reason", "")}
                     for s in states.values() if s.status == "refused"]
@@ -64,10 +64,9 @@ def _stopped(store: Store, plan: Plan, read: str) -> dict[str, object] | None:
     """Why the last run stopped with sessions left that no retry of it starts (its words and
     exit status, layout.stopped_key), while the ledger is as that run left it; None otherwise
     (no such stop, or a run since has journaled something)."""
-    key = layout.stopped_key(plan.campaign)
-    if not store.exists(key):
+    if (written := _read(store, layout.stopped_key(plan.campaign))) is None:
         return None
-    record = json.loads(store.get(key))
+    record = json.loads(written)
     return {k: record[k] for k in ("why", "exit", "at")} if record["sessions_sha256"] == read else None
 
 
@@ -77,21 +76,28 @@ def _transcripts(store: Store, plan: Plan, read: str) -> dict[str, object]:
     in the ledger before the controller's transform writes), or once the ledger moved on after
     it (a session cancelled or resumed since). ``read``: ledger.sessions_digest of the ledger
     now. ``written_at``: when the last transform ended."""
-    key = layout.transformed_key(plan.campaign)
-    if not store.exists(key):
+    if (written := _read(store, layout.transformed_key(plan.campaign))) is None:
         return {"ready": False, "written_at": None}
-    receipt = json.loads(store.get(key))
-    sums = layout.sums_key(plan.campaign)
-    ready = (receipt["sessions_sha256"] == read and store.exists(sums)
-             and digest.of_bytes(store.get(sums)) == receipt["sums_sha256"])
+    receipt = json.loads(written)
+    ready = (receipt["sessions_sha256"] == read
+             and (sums := _read(store, layout.sums_key(plan.campaign))) is not None
+             and digest.of_bytes(sums) == receipt["sums_sha256"])
     return {"ready": ready, "written_at": receipt["at"]}
 
 
 def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Why sessions not final yet wait for their pod, as the controller last recorded it
     (layout.waiting_key; absent for the local executor)."""
-    key = layout.waiting_key(plan.campaign)
-    if not store.exists(key):
+    if (written := _read(store, layout.waiting_key(plan.campaign))) is None:
         return {}
-    recorded: dict[str, dict[str, str]] = json.loads(store.get(key)).get("sessions") or {}
+    recorded: dict[str, dict[str, str]] = json.loads(written).get("sessions") or {}
     return {k: v for k, v in recorded.items() if k not in states or states[k].status not in FINAL}
+
+
+def _read(store: Store, key: str) -> bytes | None:
+    """An object's bytes, or None where there is none: one request per poll of a watch, where
+    asking whether it exists first made two."""
+    try:
+        return store.get(key)
+    except NotFound:
+        return None
