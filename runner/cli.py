@@ -341,8 +341,12 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     click.echo(f"refusals: {len(st['refusals'])}")
     click.echo(transcripts_line(plan.campaign, st["transcripts"]))
     if st["stopped"] is not None:
-        click.echo(f"the last run stopped ({st['stopped']['at']}): {st['stopped']['why']}")
+        click.echo(stopped_line(st["stopped"]))
     return code
+
+
+def stopped_line(stopped: dict) -> str:
+    return f"the last run stopped ({stopped['at']}): {stopped['why']}"
 
 
 def transcripts_line(campaign: str, transcripts: dict) -> str:
@@ -463,7 +467,7 @@ def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: 
     costs: dict = {}
     st = watch_campaign(lambda: campaign_status(store, parsed, costs, settings.budget.campaign_usd), interval)
     if st["stopped"] is not None:
-        click.echo(f"the last run stopped ({st['stopped']['at']}): {st['stopped']['why']}", err=True)
+        click.echo(stopped_line(st["stopped"]), err=True)
         return int(st["stopped"]["exit"])
     return 0
 
