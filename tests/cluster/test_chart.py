@@ -15,8 +15,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import pty
-import re
 import secrets
 import subprocess
 import sys
@@ -40,6 +38,7 @@ from runner.store import open_store
 
 sys.path.insert(0, str(Path(__file__).parent))
 from simnode import SimNode  # noqa: E402
+from terminal import on_a_terminal  # noqa: E402  (tests/ is on the path: tests/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 REAL_STREAM = REPO / "tests" / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
@@ -274,14 +273,11 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     resubmitted = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--watch", "--interval", "0.1")
     assert resubmitted.returncode == 0 and "exists already: submitted before" in resubmitted.stdout, resubmitted.stderr
     assert resubmitted.stdout.splitlines()[-1].startswith("[########################] 4/4 final, 0 running")
-    master, slave = pty.openpty()  # on a terminal: the live board (runner/live.py), drawn in place
-    on_tty = subprocess.run([sys.executable, "-m", "runner", "status", campaign, "--watch"], env={**user, "COLUMNS": "100"},
-                            stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60)
-    os.close(slave)
-    drawn = os.read(master, 1 << 16).decode()
-    os.close(master)
-    flat = " ".join(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).split())
-    assert on_tty.returncode == 0 and f"campaign {campaign}: 4/4 done" in flat and "every session has ended" in flat, flat
+    # On a terminal: the live board (runner/live.py), drawn in place.
+    code, drawn = on_a_terminal([sys.executable, "-m", "runner", "status", campaign, "--watch"],
+                                {**user, "COLUMNS": "100"}, timeout=60)
+    flat = " ".join(drawn.split())
+    assert code == 0 and f"campaign {campaign}: 4/4 done" in flat and "every session has ended" in flat, flat
 
     probe = plan["probes"][0]["id"]
     logs = subprocess.run([sys.executable, "-m", "runner", "logs", campaign, probe, "present-001"], env=user,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from terminal import on_a_terminal  # tests/ is on the path (tests/conftest.py)
 
 from runner.budget import books
 from runner.demo import CORPUS, PLAN, SCENARIOS
@@ -98,15 +97,11 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     assert watched.stdout.splitlines()[0].endswith(", refusals 1, the last run stopped (see below)"), watched.stdout
     assert "\nthe last run stopped (" in watched.stdout and "): budget: 1 session(s) not started" in watched.stdout
     assert json.loads(status.stdout)["stopped"]["exit"] == EXIT_BUDGET
-    master, slave = pty.openpty()  # on a terminal: the live board says why, and ends the same way
-    on_tty = subprocess.run([sys.executable, "-m", "runner", "status", "demo", "--watch", "--interval", "0.1"],
-                            env={**env, "COLUMNS": "200"}, stdout=slave, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            timeout=60)
-    os.close(slave)
-    drawn = os.read(master, 1 << 16).decode()
-    os.close(master)
-    flat = " ".join(re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", drawn).split())
-    assert on_tty.returncode == EXIT_BUDGET and "the last run stopped: budget: 1 session(s) not started" in flat, flat
+    # On a terminal: the live board says why, and ends the same way.
+    code, drawn = on_a_terminal([sys.executable, "-m", "runner", "status", "demo", "--watch", "--interval", "0.1"],
+                                {**env, "COLUMNS": "200"}, timeout=60)
+    flat = " ".join(drawn.split())
+    assert code == EXIT_BUDGET and "the last run stopped: budget: 1 session(s) not started" in flat, flat
 
     second = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "0.08", env=env)
     assert second.returncode == 0, second.stderr

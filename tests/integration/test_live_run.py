@@ -5,32 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import re
 import subprocess
 import sys
 
+from terminal import on_a_terminal  # tests/ is on the path (tests/conftest.py)
+
 from runner.demo import CORPUS, PLAN, SCENARIOS
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def _on_a_terminal(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run argv with its stdout and stderr on a pty; what it drew, without the escapes."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(argv, env=env, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
-    os.close(slave)
-    drawn = b""
-    while True:
-        try:
-            chunk = os.read(master, 1 << 16)
-        except OSError:  # the last writer closed the terminal
-            break
-        if not chunk:
-            break
-        drawn += chunk
-    os.close(master)
-    return proc.wait(timeout=300), ANSI.sub("", drawn.decode(errors="replace"))
 
 
 def _run_on(tmp_path, scripted_provider, claude_command, tty: bool) -> tuple[int, str]:
@@ -46,8 +26,8 @@ def _run_on(tmp_path, scripted_provider, claude_command, tty: bool) -> tuple[int
     if not tty:
         done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
         return done.returncode, done.stderr
-    code, drawn = _on_a_terminal(argv, env)
-    watched = _on_a_terminal([sys.executable, "-m", "runner", "status", "demo", "--watch"], env)
+    code, drawn = on_a_terminal(argv, env)
+    watched = on_a_terminal([sys.executable, "-m", "runner", "status", "demo", "--watch"], env)
     return code, drawn + "\n--- status --watch ---\n" + watched[1]
 
 
