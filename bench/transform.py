@@ -232,7 +232,7 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
 
     from runner import stream
     from runner.transform import intake
-    from runner.transform.events import SessionFacts, result_needed, session_event
+    from runner.transform.events import SessionFacts, session_event
     from runner.transform.transcript import rendered
 
     manifest = {f"docs/decisions/HW-DR-{k:04d}.md": LOCK for k in range(10000)}
@@ -251,7 +251,7 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
                              config_dir=CONFIG, manifest=manifest, final_file=lambda rel: note,
                              identifiers=IDENTIFIERS)
         with open(path, "rb") as f:
-            parsed = stream.parse(f, result_needed(facts))
+            parsed = stream.parse(f)
         out = session_event(parsed, facts, ["current HW-DR-0052", "superseded HW-DR-0052"], ident)
         events_cpu += _cpu() - t
         if out.event is None:

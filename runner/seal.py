@@ -86,6 +86,7 @@ from runner import digest
 from runner.answer import stated
 from runner.errors import SealError, UserError, format_validation_error
 from runner.plan import Plan, Probe, parse_document
+from runner.stream import cli_view
 
 PROBE_CONFIG = ".headwater/probe.yml"
 RECORDINGS_SHELF = "docs/probe-runs"
@@ -137,11 +138,16 @@ class SealedWorkspace:
     removed: dict[str, str] = field(default_factory=dict)  # relative path -> why
     folds_kept: list[str] = field(default_factory=list)
     mcp_servers: list[str] = field(default_factory=list)  # servers the workspace's .mcp.json declares
+    # relative path -> digest of the CLI's view of the document (stream.cli_view), for the few
+    # whose view is not their bytes (CRLF line ends, a byte-order mark, invalid UTF-8): the
+    # transform tells by it which document a whole read of one of them saw
+    views: dict[str, str] = field(default_factory=dict)
 
     def record(self) -> dict[str, object]:
         return {
             "arm": self.arm,
             "manifest": self.manifest,
+            "views": self.views,
             "removed": self.removed,
             "folds_kept": self.folds_kept,
             "mcp_servers": self.mcp_servers,
@@ -757,6 +763,8 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
             f = _File(rel, full.read_bytes())
             if not full.is_symlink():
                 result.manifest[rel] = digest.of_bytes(f.data)
+                if (view := cli_view(f.data)) != f.data:
+                    result.views[rel] = digest.of_bytes(view)
             if sealer.names_answer_key(f):
                 problems.append(f"{rel} still names an answer key")
             if rel in sealer.folds and sealer.names_probe(f):

@@ -24,8 +24,9 @@ differ between the two (see ``_needs_reference``); the outcome is ``json``'s in 
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -95,14 +96,35 @@ class ToolUse:
 
 
 @dataclass(slots=True)
+class ReadSeen:
+    """What the harness's structured record of a successful read (the user line's
+    ``tool_use_result``) shows of the document it read; the transform derives the read's
+    identity from it (transform/events.py), never from the numbered text the model was sent."""
+
+    # WHOLE: every line of a text document, as the CLI decoded it; BYTES: an image or PDF whose
+    # own bytes the record carries; UNCHANGED: the CLI's "file unchanged since your last Read";
+    # PART: anything that shows less than the document (a line range, a notebook's cells, a
+    # resized image, pages of a PDF)
+    kind: str
+    digest: str | None = None  # WHOLE: of the content as UTF-8; BYTES: of the decoded bytes
+
+
+WHOLE, BYTES, UNCHANGED, PART = "whole", "bytes", "unchanged", "part"
+
+
+@dataclass(slots=True)
 class ToolResult:
-    # the identity of what the call returned: sha256 of its bytes (see result_bytes); None where
-    # the caller said the transform identifies the result otherwise (see parse)
+    # the identity of what the call returned: sha256 of its bytes (see result_bytes); None for a
+    # successful read, whose identity is the document's (``read``), never what it returned
     digest: str | None
     is_error: bool | None
     # for a structured write: False where the harness's own record of the call (the user line's
     # tool_use_result) shows it changed no byte, else None (not stated)
     changed: bool | None = None
+    read: ReadSeen | None = None  # a successful read's record, where the line carries one
+    # a Write's record: the digest of the bytes it wrote, and of the CLI's view of them (what a
+    # whole read of that file shows; see cli_view)
+    wrote: tuple[str, str] | None = None
 
 
 @dataclass
@@ -228,22 +250,13 @@ def _result_cost(line: dict[str, Any]) -> Decimal | None:
     return None
 
 
-# Whether a call's result digest can be needed, asked when its result arrives with the call, its
-# is_error, and the calls of the stream so far.
-ResultNeeded = Callable[[ToolUse, "bool | None", list[ToolUse]], bool]
-
-
-def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None, ended_by_driver: bool = False) -> ParsedStream:
-    """``result_needed`` lets the transform spare the parser the digest of a result it writes as
-    something else (a read of a sealed document is identified by the document's digest): encoding
-    and hashing a result costs a third of parsing its line. Without it every result is digested.
-
-    ``ended_by_driver``: the driver killed the harness at the session's time limit, and the stream
+def parse(lines: Iterable[bytes], ended_by_driver: bool = False) -> ParsedStream:
+    """``ended_by_driver``: the driver killed the harness at the session's time limit, and the stream
     is all the harness wrote until then (the capture record says so). Its missing result line and
     a last line cut off by the kill are then what the kill left, stated as notes; every other
     problem still refuses the stream."""
     out = ParsedStream()
-    state = _State({}, result_needed, ended_by_driver)
+    state = _State({}, ended_by_driver)
     pending = None
     n = 0
     # Look one line ahead so the last line can be told apart (a cut-off last line is truncation).
@@ -267,7 +280,6 @@ def parse(lines: Iterable[bytes], result_needed: ResultNeeded | None = None, end
 @dataclass
 class _State:
     uses: dict[str, ToolUse]  # every call of the stream so far, by its tool_use id
-    result_needed: ResultNeeded | None
     ended_by_driver: bool = False
 
 
@@ -398,22 +410,76 @@ def _user(out: ParsedStream, raw: bytes, obj: dict[str, Any], n: int, last: bool
         is_error = block.get("is_error")
         is_error = is_error if isinstance(is_error, bool) else None
         use = state.uses[tid]
-        needed = state.result_needed is None or state.result_needed(use, is_error, out.tool_uses)
+        # the harness's structured record of the call (2.x): one per user line that answers one call
+        record = obj.get("tool_use_result") if len(results) == 1 else None
+        record = record if isinstance(record, dict) else None
+        read = use.name in READ_TOOLS and not is_error
         out.results[tid] = ToolResult(
-            digest=digest.of_bytes(result_bytes(block.get("content"))) if needed else None,
+            # a read's identity is its document's, never what it returned (result_bytes costs a
+            # third of parsing the line, so it is not computed for nothing)
+            digest=None if read else digest.of_bytes(result_bytes(block.get("content"))),
             is_error=is_error,
-            changed=_changed(obj, len(results)) if use.name in WRITE_TOOLS and not is_error else None,
+            changed=_changed(record) if use.name in WRITE_TOOLS and not is_error else None,
+            read=_read_seen(record) if read else None,
+            wrote=_wrote(record) if use.name == "Write" and not is_error else None,
         )
 
 
-def _changed(obj: dict[str, Any], results: int) -> bool | None:
-    """False where the harness's structured record of a write (``tool_use_result``, 2.x, one per
-    user line that answers one call) shows that it changed nothing: a file that existed
-    (``originalFile`` a string) and a patch with no hunk, as the CLI records a Write of the bytes
-    the file already held. None where the line does not say so."""
-    record = obj.get("tool_use_result")
-    if results != 1 or not isinstance(record, dict):
-        return None
-    if isinstance(record.get("originalFile"), str) and record.get("structuredPatch") == []:
+def _changed(record: dict[str, Any] | None) -> bool | None:
+    """False where the harness's structured record of a write shows that it changed nothing: a
+    file that existed (``originalFile`` a string) and a patch with no hunk, as the CLI records a
+    Write of the bytes the file already held. None where the line does not say so."""
+    if record is not None and isinstance(record.get("originalFile"), str) and record.get("structuredPatch") == []:
         return False
     return None
+
+
+def cli_view(data: bytes) -> bytes:
+    """What a whole read of a file with these bytes shows as its content (2.1.197's reader): the
+    bytes decoded as UTF-8 (an invalid sequence as U+FFFD), a leading byte-order mark dropped,
+    lines split at LF and one CR at the end of each line dropped, joined again with LF. Most
+    files are their own view; one with CRLF line ends or a BOM is not, and only the document's
+    known bytes then tell what a read of it saw."""
+    if not data.startswith(b"\xef\xbb\xbf") and b"\r" not in data:
+        try:
+            data.decode("utf-8")
+            return data
+        except UnicodeDecodeError:
+            pass
+    text = data.decode("utf-8", "replace").removeprefix("\ufeff")
+    return "\n".join(line.removesuffix("\r") for line in text.split("\n")).encode("utf-8")
+
+
+def _read_seen(record: dict[str, Any] | None) -> ReadSeen:
+    """What the structured record of a successful read shows (see ReadSeen); a record of no form
+    this version knows shows a part at most."""
+    kind = record.get("type") if record is not None else None
+    file = record.get("file") if record is not None else None
+    if not isinstance(file, dict):
+        return ReadSeen(PART)
+    if kind == "text" and isinstance(content := file.get("content"), str):
+        if (file.get("startLine") == 1 and file.get("numLines") == file.get("totalLines")
+                and not file.get("truncatedByTokenCap")):
+            return ReadSeen(WHOLE, digest.of_bytes(content.encode("utf-8", "surrogatepass")))
+    elif kind == "file_unchanged":
+        return ReadSeen(UNCHANGED)
+    elif kind in ("image", "pdf") and isinstance(b64 := file.get("base64"), str):
+        try:
+            data = base64.b64decode(b64, validate=True)
+        except ValueError:
+            return ReadSeen(PART)
+        # the file's own bytes where the CLI passed them through: an image it resized or
+        # re-encoded is another picture of the document, not the document
+        if len(data) == file.get("originalSize"):
+            return ReadSeen(BYTES, digest.of_bytes(data))
+    return ReadSeen(PART)
+
+
+def _wrote(record: dict[str, Any] | None) -> tuple[str, str] | None:
+    """The digests of what a Write wrote (its record's ``content``, written as UTF-8 with LF line
+    ends by 2.1.197) and of its view (cli_view)."""
+    content = record.get("content") if record is not None else None
+    if not isinstance(content, str):
+        return None
+    data = content.encode("utf-8", "surrogatepass")
+    return digest.of_bytes(data), digest.of_bytes(cli_view(data))

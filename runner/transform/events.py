@@ -22,7 +22,19 @@ from typing import Any
 from runner import digest
 from runner.answer import answer_of
 from runner.gateway.tokens import limit_spent
-from runner.stream import ARGUMENT_KEYS, PATH_INPUT_KEYS, READ_TOOLS, SEARCH_TOOLS, WRITE_TOOLS, ParsedStream, ResultNeeded, ToolUse
+from runner.stream import (
+    ARGUMENT_KEYS,
+    BYTES,
+    PATH_INPUT_KEYS,
+    READ_TOOLS,
+    SEARCH_TOOLS,
+    UNCHANGED,
+    WHOLE,
+    WRITE_TOOLS,
+    ParsedStream,
+    ToolUse,
+    cli_view,
+)
 from runner.transform.initcheck import InitContext, refusals
 
 
@@ -40,6 +52,12 @@ class SessionFacts:
     artifacts_collected: bool = True
     not_collected_because: str | None = None  # the executor's reason, where it gave one
     links: dict[str, str] = field(default_factory=dict)  # workspace links when the session ended: relative path -> target
+    # the sealed documents whose CLI view (stream.cli_view) is not their bytes: relative path -> digest of the view
+    views: dict[str, str] = field(default_factory=dict)
+    # the documents the session left changed (relative path -> digest) and deleted, as the capture
+    # found them when it ended (meaningful where artifacts_collected)
+    changed: dict[str, str] = field(default_factory=dict)
+    deleted: frozenset[str] = frozenset()
     timed_out: bool = False  # the driver ended the session at its time limit
     driver_produced: list[str] = field(default_factory=list)
     declared_mcp_servers: frozenset[str] = frozenset()
@@ -330,56 +348,105 @@ def _wrote(use: ToolUse, parsed: ParsedStream) -> bool:
     return res is None or (not res.is_error and res.changed is not False)
 
 
-def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths) -> list[dict[str, Any]]:
+# Calls after which the workspace is still as sealed: none of them can change a file.
+_LEAVE_FILES = frozenset(READ_TOOLS) | frozenset(SEARCH_TOOLS) | {"LS"}
+
+
+class _Documents:
+    """What the run knows of the states a workspace document took during the session, for the
+    identity of each read: "result on a call is the content digest of the document … never the
+    bytes returned", so a read is the digest of the document's bytes as that read saw them.
+
+    The stream proves what the CLI showed (stream.ReadSeen): every line of a text document as it
+    decoded it, or an image's or PDF's own bytes, or only a part. The states the run knows
+    (digest of the bytes, digest of their CLI view) are the sealed bytes, the bytes the session
+    left (where the capture collected them) and each Write's bytes. A whole read is the known state
+    whose view it showed; where none is, its own content, if every known state of the document is
+    its own view (a plain UTF-8 file with LF line ends), since the bytes are then what it showed.
+    A read that shows only a part proves no bytes: it is the sealed document where the document
+    was as sealed throughout (see _sealed_throughout); else it has no result."""
+
+    def __init__(self, parsed: ParsedStream, facts: SessionFacts, paths: _Paths):
+        self._facts = facts
+        self._paths = paths
+        self._written: dict[str, list[tuple[str, str]]] = {}  # what each Write whose record shows its bytes wrote
+        self._named: set[str] = set()  # every document a structured write may have changed
+        for use in parsed.tool_uses:
+            if use.name in WRITE_TOOLS and _wrote(use, parsed) and (rel := _write_target(use, paths, facts.links)) is not None:
+                self._named.add(rel)
+                if (wrote := parsed.results[use.id].wrote if use.id in parsed.results else None) is not None:
+                    self._written.setdefault(rel, []).append(wrote)
+        self._last: dict[str, str | None] = {}  # a document's identity at its last read
+        self._quiet = True  # no call so far could have changed a file
+
+    def _states(self, rel: str) -> list[tuple[str, str]]:
+        """(digest, view digest) of each state of the document the run knows."""
+        f = self._facts
+        states = list(self._written.get(rel, []))
+        if rel in f.manifest:
+            states.append((f.manifest[rel], f.views.get(rel, f.manifest[rel])))
+        if f.artifacts_collected and rel in f.changed:
+            data = f.final_file(rel)
+            states.append((f.changed[rel], digest.of_bytes(cli_view(data)) if data is not None else ""))
+        return states
+
+    def identity(self, use: ToolUse, parsed: ParsedStream) -> tuple[str | None, str | None]:
+        """The read's identity, and where it has none the reason (None for a call not answered)."""
+        res = parsed.results[use.id]
+        target = use.input.get(READ_TOOLS[use.name])
+        rel = self._paths.relative(target) if isinstance(target, str) else None
+        if rel is not None and self._facts.links:
+            rel = self._paths.resolved(rel, self._facts.links)
+        seen = res.read
+        states = self._states(rel) if rel is not None else []
+        found: str | None = None
+        why = "the stream shows only part of it, and the document may have changed before the read"
+        if seen is not None and seen.kind == BYTES:
+            found = seen.digest
+        elif seen is not None and seen.kind == WHOLE:
+            known = {d for d, view in states if view == seen.digest}
+            if len(known) == 1:
+                found = known.pop()
+            elif not known and all(d == view for d, view in states):
+                found = seen.digest
+            else:
+                why = "its content is the view of more than one state of the document, or of none the run knows"
+        elif seen is not None and seen.kind == UNCHANGED and rel in self._last:
+            found = self._last[rel]
+        if found is None and rel is not None and rel in self._facts.manifest and (seen is None or seen.kind != WHOLE) and self._sealed_throughout(rel):
+            found = self._facts.manifest[rel]
+        if rel is not None:
+            self._last[rel] = found
+        return found, None if found is not None else why
+
+    def _sealed_throughout(self, rel: str) -> bool:
+        """Whether the document was as sealed when a read that proves no bytes saw it: no call
+        before the read could change a file, or no write named it and the session left it as
+        sealed (what this cannot see is a Bash call that changed it and put it back)."""
+        f = self._facts
+        return self._quiet or (f.artifacts_collected and rel not in f.changed and rel not in f.deleted and rel not in self._named)
+
+    def after(self, use: ToolUse) -> None:
+        self._quiet = self._quiet and use.name in _LEAVE_FILES
+
+
+def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, notes: list[str]) -> list[dict[str, Any]]:
     calls = []
-    written: set[str] = set()
+    documents = _Documents(parsed, facts, paths)
     for use in parsed.tool_uses:
         call: dict[str, Any] = {"tool": use.name, "argument": argument_of(use, paths)}
         res = parsed.results.get(use.id)
-        if res is not None:
-            rel = None
-            if use.name in READ_TOOLS:
-                target = use.input.get(READ_TOOLS[use.name])
-                rel = paths.relative(target) if isinstance(target, str) else None
-                if rel is not None and facts.links:
-                    rel = paths.resolved(rel, facts.links)
-            if rel is not None and rel not in written and rel in facts.manifest and not res.is_error:
-                call["result"] = facts.manifest[rel]  # the document's content digest, as the plan prints it
+        if res is not None and use.name in READ_TOOLS and not res.is_error:
+            found, why = documents.identity(use, parsed)
+            if found is not None:
+                call["result"] = found  # the document's content digest, as the plan prints it
             else:
-                call["result"] = res.digest
-        if use.name in WRITE_TOOLS and _wrote(use, parsed):
-            rel = _write_target(use, paths, facts.links)
-            if rel is not None:
-                written.add(rel)
+                notes.append(f"the Read of {call['argument']} (call {len(calls) + 1}) has no result: {why}")
+        elif res is not None:
+            call["result"] = res.digest
+        documents.after(use)
         calls.append(call)
     return calls
-
-
-def result_needed(facts: SessionFacts) -> ResultNeeded:
-    """For ``stream.parse``: whether the transform can write a call's result as the digest of
-    what the call returned. It does not for a successful read of a document of the sealed
-    workspace that no write before it touched; that read's result is the document's digest.
-    Writes seen so far stand for writes before the call (a superset: the call's own tool_use
-    and every earlier one came first), so a result is never wrongly spared."""
-    paths = _Paths(facts.workspace)
-    written: set[str] = set()
-    counted = 0
-
-    def needed(use: ToolUse, is_error: bool | None, uses: list[ToolUse]) -> bool:
-        nonlocal counted
-        for seen in uses[counted:]:
-            if seen.name in WRITE_TOOLS and (rel := _write_target(seen, paths, facts.links)) is not None:
-                written.add(rel)
-        counted = len(uses)
-        if use.name not in READ_TOOLS or is_error:
-            return True
-        target = use.input.get(READ_TOOLS[use.name])
-        rel = paths.relative(target) if isinstance(target, str) else None
-        if rel is not None and facts.links:
-            rel = paths.resolved(rel, facts.links)
-        return rel is None or rel in written or rel not in facts.manifest
-
-    return needed
 
 
 def shown_paths(named: Iterable[str], workspace: str) -> set[str]:
@@ -483,7 +550,7 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
     outside = _outside_paths(parsed.tool_uses, paths)
     event: dict[str, Any] | None = None
     if not reasons:
-        event = {"probe": facts.probe, "session": facts.session, "calls": _calls(parsed, facts, paths)}
+        event = {"probe": facts.probe, "session": facts.session, "calls": _calls(parsed, facts, paths, notes)}
         if facts.artifacts_collected:
             event["produced"] = _produced(parsed, facts, paths, identifier, notes)
         else:

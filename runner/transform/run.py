@@ -28,7 +28,7 @@ from runner.errors import UserError
 from runner.ledger import Ledger, SessionState, now, sessions_digest
 from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
-from runner.transform.events import SessionFacts, SessionOutcome, result_needed, session_event
+from runner.transform.events import SessionFacts, SessionOutcome, session_event
 from runner.transform.intake import confirm_rendered
 from runner.transform.transcript import rendered
 
@@ -92,12 +92,15 @@ def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
         artifacts_collected=bool(capture.get("artifacts")),
         not_collected_because=capture.get("artifacts_not_collected"),
         links=arts.get("links") or {},
+        views=sealed.get("views") or {},
+        changed=arts.get("changed") or {},
+        deleted=frozenset(arts.get("deleted") or []),
         timed_out=timed_out,
         driver_produced=capture.get("driver_produced", []),
         declared_mcp_servers=frozenset(sealed.get("mcp_servers", [])),
         host_skills=frozenset(capture.get("host_skills", [])),
     )
-    parsed = stream.parse(store.iter_lines(keys.stream), result_needed(facts), ended_by_driver=timed_out)
+    parsed = stream.parse(store.iter_lines(keys.stream), ended_by_driver=timed_out)
     probe = plan.probe(keys.probe)
     outcome = session_event(parsed, facts, probe.answers, plan.identifier_re)
     failed = [c for c in capture.get("confinement_checks") or [] if not c.get("passed")]

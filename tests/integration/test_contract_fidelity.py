@@ -14,17 +14,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from local_run import run_local
+from fidelity import IDENTITY, events, probe, record, stream_uses, use, write_corpus
 from markdown_it import MarkdownIt
-from pydantic import SecretStr
 
 from runner import digest, layout, stream
-from runner.demo.provider import ScriptedProvider
-from runner.plan import parse_plan
-from runner.settings import Settings
-from runner.store.file import FileStore
-from runner.transform.run import run_transform
-from runner.transform.transcript import parse as parse_transcript
 
 DEMO = Path(__file__).parents[2] / "runner" / "demo"
 IDENT = "HW-[A-Z]+-[0-9]{4}"
@@ -48,8 +41,7 @@ PROSE = ["PROSE-SUBJECT", "PROSE-DESCRIPTION", "PROSE-MESSAGE", "PROSE-PLAN", "P
 
 
 def _probe(pid: str, task: str, answers=ANSWERS, title=None, path=None) -> dict:
-    return {"id": pid, "path": path or f"docs/probes/{pid}.md", "title": title or f"Probe {pid}", "task": task,
-            "answers": answers, "examines": ["docs/a.md"]}
+    return probe(pid, task, answers, title, path)
 
 
 PROBES = [
@@ -65,122 +57,75 @@ PROBES = [
 ]
 
 
-def _use(name: str, **inp) -> dict:
-    return {"tool_uses": [{"name": name, "input": inp}]}
-
-
 SCENARIOS = {"scenarios": [
     {"name": "heredoc", "match": "FID-HEREDOC", "turns": [
-        _use("Bash", command=PLAIN_HEREDOC), _use("Bash", command=HEREDOC), _use("Bash", command=SEPARATED),
+        use("Bash", command=PLAIN_HEREDOC), use("Bash", command=HEREDOC), use("Bash", command=SEPARATED),
         {"text": "Written.\nHW-DR-0052 current"}]},
     {"name": "writes", "match": "FID-WRITES", "turns": [
-        _use("Edit", file_path="{cwd}/docs/a.md", old_string="Status", new_string="State"),  # not read yet: refused
-        _use("Read", file_path="{cwd}/docs/a.md"),
-        _use("Edit", file_path="{cwd}/docs/a.md", old_string="NOT IN THE FILE", new_string="x"),
-        _use("Edit", file_path="{cwd}/docs/a.md", old_string="current", new_string="current"),
-        _use("MultiEdit", file_path="{cwd}/docs/a.md", edits=[{"old_string": "current", "new_string": "old"}]),
-        _use("NotebookEdit", notebook_path="{cwd}/docs/a.md", new_source="x"),
-        _use("Write", file_path="{cwd}/docs/a.md", content=DOC_A),  # the bytes it holds: changes nothing
-        _use("Write", file_path="/usr/probe-runner-refused.md", content="x"),  # /usr is read-only in the sandbox
-        _use("Read", file_path="{cwd}/docs/a.md"),
+        use("Edit", file_path="{cwd}/docs/a.md", old_string="Status", new_string="State"),  # not read yet: refused
+        use("Read", file_path="{cwd}/docs/a.md"),
+        use("Edit", file_path="{cwd}/docs/a.md", old_string="NOT IN THE FILE", new_string="x"),
+        use("Edit", file_path="{cwd}/docs/a.md", old_string="current", new_string="current"),
+        use("MultiEdit", file_path="{cwd}/docs/a.md", edits=[{"old_string": "current", "new_string": "old"}]),
+        use("NotebookEdit", notebook_path="{cwd}/docs/a.md", new_source="x"),
+        use("Write", file_path="{cwd}/docs/a.md", content=DOC_A),  # the bytes it holds: changes nothing
+        use("Write", file_path="/usr/probe-runner-refused.md", content="x"),  # /usr is read-only in the sandbox
+        use("Read", file_path="{cwd}/docs/a.md"),
         {"text": "current current HW-DR-0052"}]},
     {"name": "prose", "match": "FID-PROSE", "turns": [
-        _use("TaskCreate", subject="PROSE-SUBJECT check", description="PROSE-DESCRIPTION I think it is current"),
-        _use("TaskUpdate", taskId="1", status="completed"),
-        _use("SendMessage", to="reviewer", message="PROSE-MESSAGE it is current"),
-        _use("ExitPlanMode", plan="PROSE-PLAN read then answer"),
-        _use("TodoWrite", todos=[{"content": "PROSE-TODO read", "status": "pending", "activeForm": "reading"}]),
-        _use("WebFetch", url="https://example.invalid/status", prompt="PROSE-PROMPT what is the status"),
+        use("TaskCreate", subject="PROSE-SUBJECT check", description="PROSE-DESCRIPTION I think it is current"),
+        use("TaskUpdate", taskId="1", status="completed"),
+        use("SendMessage", to="reviewer", message="PROSE-MESSAGE it is current"),
+        use("ExitPlanMode", plan="PROSE-PLAN read then answer"),
+        use("TodoWrite", todos=[{"content": "PROSE-TODO read", "status": "pending", "activeForm": "reading"}]),
+        use("WebFetch", url="https://example.invalid/status", prompt="PROSE-PROMPT what is the status"),
         {"text": "I planned it.\ncurrent HW-DR-0052"}]},
     {"name": "search", "match": "FID-SEARCH", "turns": [
-        _use("Grep", pattern="Status", path="{cwd}/docs/a.md"),
-        _use("Glob", pattern="**/*.md", path="{cwd}/docs"),
-        _use("Grep", pattern="HW-DR", glob="*.md", output_mode="content"),
+        use("Grep", pattern="Status", path="{cwd}/docs/a.md"),
+        use("Glob", pattern="**/*.md", path="{cwd}/docs"),
+        use("Grep", pattern="HW-DR", glob="*.md", output_mode="content"),
         {"text": "HW-DR-0052 current"}]},
     {"name": "cites", "match": "FID-CITES", "turns": [
-        _use("Bash", command="mkdir -p notes"),
-        _use("Write", file_path="{cwd}/notes/cites.md",
+        use("Bash", command="mkdir -p notes"),
+        use("Write", file_path="{cwd}/notes/cites.md",
              content="HW-DR-00521 XHW-DR-0007Y HW-DR-9999 and HW-DR-0041; see HW-DR-0052.\n"),
         {"text": "HW-DR-0052 current"}]},
     {"name": "outside", "match": "FID-OUTSIDE", "turns": [
-        _use("Bash", command="cat ../outside.txt; ls --hide=/etc/hidden . >/tmp/probe-runner-out.txt; "
+        use("Bash", command="cat ../outside.txt; ls --hide=/etc/hidden . >/tmp/probe-runner-out.txt; "
                              "cat <<'EOF'\n/etc/passwd is only text here\nEOF"),
-        _use("Glob", pattern="/etc/*.conf"),
+        use("Glob", pattern="/etc/*.conf"),
         {"text": "Nothing."}]},
     {"name": "link", "match": "FID-LINK", "turns": [
-        _use("Read", file_path="{cwd}/notes/current.md"),
-        _use("Edit", file_path="{cwd}/notes/current.md", old_string="Status: current", new_string="Status: moot"),
-        _use("Write", file_path="{cwd}/shelf/new.md", content="New: HW-DR-0041 is superseded.\n"),
-        _use("Read", file_path="{cwd}/docs/new.md"),
+        use("Read", file_path="{cwd}/notes/current.md"),
+        use("Edit", file_path="{cwd}/notes/current.md", old_string="Status: current", new_string="Status: moot"),
+        use("Write", file_path="{cwd}/shelf/new.md", content="New: HW-DR-0041 is superseded.\n"),
+        use("Read", file_path="{cwd}/docs/new.md"),
         {"text": "HW-DR-0052 current"}]},
     {"name": "seal", "match": "FID-SEAL", "turns": [
-        _use("Bash", command="find . -type f | sort"),
+        use("Bash", command="find . -type f | sort"),
         {"text": "HW-DR-0052 current"}]},
     {"name": "slow", "match": "FID-SLOW", "turns": [
-        _use("Read", file_path="{cwd}/docs/a.md"),
-        _use("Bash", command="sleep 600", timeout=600000),
+        use("Read", file_path="{cwd}/docs/a.md"),
+        use("Bash", command="sleep 600", timeout=600000),
         {"text": "HW-DR-0052 current"}]},
 ]}
-
-
-def _record(root: Path, name: str, corpus: Path, plan_doc: dict, scenarios: dict, timeout: int, claude_command) -> dict:
-    plan = parse_plan(plan_doc)
-    store = FileStore(root / "store")
-    with ScriptedProvider(scenarios) as provider:
-        settings = Settings(
-            store=store.uri, concurrency=2,
-            provider={"base_url": provider.base_url, "api_key": SecretStr("test-key")},
-            harness={"command": claude_command[0], "env": {"CLAUDE_CODE_MAX_RETRIES": "2"}, "timeout_seconds": timeout},
-            local={"workdir": root / "work"},
-        )
-        run_local(plan, corpus, store, settings, 2)
-    report = run_transform(store, plan)
-    texts = {}
-    for arm in plan.arms:
-        key = layout.transcript_key(name, plan.tier.value, arm.value)
-        texts[arm.value] = store.get(key).decode() if store.exists(key) else None
-    return {"store": store, "plan": plan, "report": report, "texts": texts, "name": name}
-
-
-def _events(text: str) -> dict:
-    return {e["probe"]: e for e in parse_transcript(text).events}
-
-
-def _stream_uses(store, name: str, probe: str, session: str = "present-001") -> list[tuple[dict, str | None]]:
-    """(tool input, result text) of each call in the stored stream, as json reads them."""
-    uses, results = [], {}
-    for line in store.get(layout.SessionKeys(name, probe, session).stream).splitlines():
-        obj = json.loads(line)
-        for block in (obj.get("message") or {}).get("content") or []:
-            if isinstance(block, dict) and block.get("type") == "tool_use":
-                uses.append(block)
-            if isinstance(block, dict) and block.get("type") == "tool_result":
-                content = block.get("content")
-                results[block["tool_use_id"]] = content if isinstance(content, str) else json.dumps(content)
-    return [(u["input"], results.get(u["id"])) for u in uses]
 
 
 @pytest.fixture(scope="module")
 def fidelity(tmp_path_factory, claude_command):
     root = tmp_path_factory.mktemp("fidelity")
     corpus = root / "corpus"
-    for rel, text in CORPUS.items():
-        (corpus / rel).parent.mkdir(parents=True, exist_ok=True)
-        (corpus / rel).write_text(text)
-    for p in PROBES:
-        (corpus / p["path"]).parent.mkdir(parents=True, exist_ok=True)
-        (corpus / p["path"]).write_text(f"# {p['title']}\n\n## Task\n\n{p['task']}\n")
+    write_corpus(corpus, CORPUS, PROBES)
     (corpus / "notes").mkdir()
     (corpus / "notes/current.md").symlink_to("../docs/a.md")
     (corpus / "shelf").symlink_to("docs")
     plan = {"campaign": "fidelity", "tier": "regression", "model": "claude-sonnet-4-5",
-            "identity": {k: "sha256:" + c * 64 for k, c in (("lock", "1"), ("tree", "2"), ("selection", "3"), ("read_set", "4"))}
-            | {"seed": 7, "harness": "headwater 0.9.1"},
+            "identity": IDENTITY,
             "arms": ["present"], "repetitions": 1, "identifier_pattern": IDENT, "probes": PROBES}
     # 40 s: every other session ends in a few; FID-SLOW's sleep runs into it
-    out = _record(root, "fidelity", corpus, plan, SCENARIOS, 40, claude_command)
+    out = record(root, "fidelity", corpus, plan, SCENARIOS, 40, claude_command)
     assert out["texts"]["present"], out["report"]
-    out["events"] = _events(out["texts"]["present"])
+    out["events"] = events(out["texts"]["present"])
     return out
 
 
@@ -209,7 +154,7 @@ def test_failed_and_unchanging_writes_produce_nothing_and_reads_keep_the_content
     e = fidelity["events"]["HW-PRB-0002"]
     tools = [c["tool"] for c in e["calls"]]
     assert tools == ["Edit", "Read", "Edit", "Edit", "MultiEdit", "NotebookEdit", "Write", "Write", "Read"]
-    uses = _stream_uses(fidelity["store"], "fidelity", "HW-PRB-0002")
+    uses = stream_uses(fidelity["store"], "fidelity", "HW-PRB-0002")
     assert "has not been read yet" in uses[0][1] and "String to replace not found" in uses[2][1]
     assert e["calls"][1]["result"] == e["calls"][8]["result"] == digest.of_text(DOC_A)
     assert e["produced"] == []
@@ -227,7 +172,7 @@ def test_prose_inputs_are_identified_by_digest_and_never_written(fidelity):
     e = fidelity["events"]["HW-PRB-0003"]
     text = fidelity["texts"]["present"]
     assert not [p for p in PROSE if p in text]
-    uses = _stream_uses(fidelity["store"], "fidelity", "HW-PRB-0003")
+    uses = stream_uses(fidelity["store"], "fidelity", "HW-PRB-0003")
     args = {c["tool"]: c["argument"] for c in e["calls"]}
     for (inp, _), call in zip(uses, e["calls"], strict=False):
         if call["tool"] in ("TaskCreate", "SendMessage", "ExitPlanMode", "TodoWrite"):
@@ -269,7 +214,7 @@ def test_a_write_through_a_link_lists_the_file_it_changed(fidelity):
     directory lands in the directory the link names. (2.1.197 refuses to write through a linked
     file, "Refusing to write through symlink": that Edit failed and produced nothing.)"""
     e = fidelity["events"]["HW-PRB-0007"]
-    uses = _stream_uses(fidelity["store"], "fidelity", "HW-PRB-0007")
+    uses = stream_uses(fidelity["store"], "fidelity", "HW-PRB-0007")
     assert "Refusing to write through symlink" in uses[1][1]
     new = "New: HW-DR-0041 is superseded.\n"
     assert e["produced"] == [{"path": "docs/new.md", "result": digest.of_text(new), "cites": ["HW-DR-0041"]}]
@@ -280,7 +225,7 @@ def test_the_seal_removes_files_that_link_or_name_the_probe_loosely(fidelity):
     """"tools/probe/seal.sh removes the probe shelves from the workspace, and every file that names
     the probe": by a relative link, a path relative to another directory, a title broken over a
     line or in another case."""
-    ((_, listing),) = _stream_uses(fidelity["store"], "fidelity", "HW-PRB-0008")
+    ((_, listing),) = stream_uses(fidelity["store"], "fidelity", "HW-PRB-0008")
     for gone in ("linked.md", "index2.md", "broken-title.md", "shouting.md", "probes/"):
         assert gone not in listing, listing
     assert "./docs/a.md" in listing
@@ -301,14 +246,14 @@ def test_a_session_the_time_limit_ended_is_recorded_as_watched(fidelity):
 
 DEMO_SCENARIOS = {"scenarios": [
     {"name": "status", "match": "status of decision HW-DR-0052", "turns": [
-        _use("Grep", pattern="Status", path="{cwd}/docs/decisions/HW-DR-0052.md"),
-        _use("Bash", command="mkdir -p notes && cat > notes/status.md <<'EOF'\n# Status\n\n```\ngrep Status docs\n```\nEOF"),
-        _use("Edit", file_path="{cwd}/docs/decisions/HW-DR-0052.md", old_string="NOT THERE", new_string="x"),
+        use("Grep", pattern="Status", path="{cwd}/docs/decisions/HW-DR-0052.md"),
+        use("Bash", command="mkdir -p notes && cat > notes/status.md <<'EOF'\n# Status\n\n```\ngrep Status docs\n```\nEOF"),
+        use("Edit", file_path="{cwd}/docs/decisions/HW-DR-0052.md", old_string="NOT THERE", new_string="x"),
         {"text": "HW-DR-0052 current."}]},
     {"name": "supersedes", "match": "supersedes HW-DR-0041", "turns": [
-        _use("TaskCreate", subject="Find the superseding decision", description="Read the decisions in turn"),
-        _use("Bash", command="mkdir -p notes"),
-        _use("Write", file_path="{cwd}/notes/supersession.md",
+        use("TaskCreate", subject="Find the superseding decision", description="Read the decisions in turn"),
+        use("Bash", command="mkdir -p notes"),
+        use("Write", file_path="{cwd}/notes/supersession.md",
              content="HW-DR-0061 supersedes HW-DR-0041 (not HW-DR-00610, nor XHW-DR-0052, nor HW-DR-9999).\n"),
         {"text": "HW-DR-0061"}]},
 ]}
@@ -320,12 +265,12 @@ def test_the_bundled_corpus_records_one_transcript_per_arm_with_every_event(tmp_
     corpus = tmp_path / "corpus"
     shutil.copytree(DEMO / "corpus", corpus, symlinks=True)
     plan = json.loads((DEMO / "plan.json").read_text()) | {"campaign": "demo-fidelity", "repetitions": 1}
-    out = _record(tmp_path, "demo-fidelity", corpus, plan, DEMO_SCENARIOS, 120, claude_command)
+    out = record(tmp_path, "demo-fidelity", corpus, plan, DEMO_SCENARIOS, 120, claude_command)
     assert out["report"].refusals == []
     for arm in ("present", "absent"):
-        events = _events(out["texts"][arm])
-        assert sorted(events) == ["HW-PRB-0007", "HW-PRB-0008"]
-        status, supersedes = events["HW-PRB-0007"], events["HW-PRB-0008"]
+        by_probe = events(out["texts"][arm])
+        assert sorted(by_probe) == ["HW-PRB-0007", "HW-PRB-0008"]
+        status, supersedes = by_probe["HW-PRB-0007"], by_probe["HW-PRB-0008"]
         assert status["calls"][0]["argument"] == "Status docs/decisions/HW-DR-0052.md"
         assert status["produced"] == [] and status["answer"] == "current HW-DR-0052"
         assert re.fullmatch(r"sha256:[0-9a-f]{64}", supersedes["calls"][0]["argument"])

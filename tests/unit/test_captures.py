@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from runner import digest, stream
-from runner.transform.events import SessionFacts, result_needed, session_event
+from runner.transform.events import SessionFacts, session_event
 
 DATA = Path(__file__).parents[1] / "data"
 CAPTURES = DATA / "captures"
@@ -34,8 +34,7 @@ def streams() -> list[Path]:
 
 def run(path: Path, compliant_init: bool = False):
     """Parse and transform as the transform does: the workspace is the init line's cwd, and its
-    sealed manifest holds the .md files the session read (their results are then the manifest's
-    digest, and the parser is spared their digests)."""
+    sealed manifest holds the .md files the session read."""
     with open(path, "rb") as f:
         workspace = (stream.parse(f).init or {}).get("cwd", "/workspace")
         f.seek(0)
@@ -44,7 +43,7 @@ def run(path: Path, compliant_init: bool = False):
         manifest = {p[len(workspace) + 1:]: digest.of_text(p) for p in reads if p.startswith(workspace + "/") and p.endswith(".md")}
         facts = SessionFacts(probe="p", session="present-001", workspace=workspace, config_dir="/session/config",
                              manifest=manifest, final_file=lambda rel: None, identifiers=frozenset())
-        parsed = stream.parse(f, result_needed(facts))
+        parsed = stream.parse(f)
     if compliant_init and parsed.init is not None:
         parsed.init = {"permissionMode": "dontAsk"}
     return parsed, session_event(parsed, facts, ["4", "ok"], IDENT)

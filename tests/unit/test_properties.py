@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from runner import answer, digest, stream
 from runner.transform import intake, transcript
-from runner.transform.events import SessionFacts, _Paths, _shell_words, result_needed, session_event
+from runner.transform.events import _Paths, _shell_words
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 IDENT = re.compile(r"HW-[A-Z]+-[0-9]{4}")
@@ -127,34 +127,6 @@ def test_canonical_form_is_the_standard_librarys_byte_for_byte(value):
     """The digest of a list result and the argument of an open tool input are made from this form."""
     want = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
     assert stream.canonical(value) == want
-
-
-@st.composite
-def reads_and_writes(draw) -> list[bytes]:
-    """Complete streams of reads and writes of a few documents, some calls made in parallel
-    (their tool_use lines before their results), some results errors."""
-    lines = [dump({"type": "system", "subtype": "init"})]
-    for k in range(draw(st.integers(0, 6))):
-        batch = [(f"t{k}_{j}", draw(st.sampled_from(["Read", "Write", "Edit", "NotebookRead", "Bash"])),
-                  draw(st.sampled_from(["/workspace/a.md", "a.md", "/workspace/./b/../a.md", "/workspace/b", "/etc/x"])))
-                 for j in range(draw(st.integers(1, 2)))]
-        for tid, tool, path in batch:
-            key = "notebook_path" if tool == "NotebookRead" else "command" if tool == "Bash" else "file_path"
-            lines.append(dump({"type": "assistant", "message": {"content": [{"type": "tool_use", "id": tid, "name": tool, "input": {key: path}}]}}))
-        for tid, _, _ in draw(st.permutations(batch)):
-            lines.append(dump({"type": "user", "message": {"content": [
-                {"type": "tool_result", "tool_use_id": tid, "content": draw(st.text(max_size=5)), "is_error": draw(st.none() | st.booleans())}]}}))
-    return lines + [dump({"type": "result", "subtype": "success", "result": "x", "total_cost_usd": 1})]
-
-
-@FAST
-@given(reads_and_writes() | streams(), st.sets(st.sampled_from(["a.md", "b", "etc/x"]), max_size=3))
-def test_sparing_the_digests_of_manifest_reads_changes_no_outcome(lines, documents):
-    facts = SessionFacts(probe="p", session="s", workspace="/workspace", config_dir="/c",
-                         manifest={d: digest.of_text(d) for d in documents}, final_file=lambda rel: b"x",
-                         identifiers=frozenset())
-    spared = session_event(stream.parse(lines, result_needed(facts)), facts, ["a b"], IDENT)
-    assert spared == session_event(stream.parse(lines), facts, ["a b"], IDENT)
 
 
 def _relative_with_pathlib(workspace: str, path: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from decimal import Decimal
@@ -16,7 +17,8 @@ from runner.transform.initcheck import InitContext, refusals
 FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 IDENT = re.compile(r"HW-DR-\d{4}")
 DECL = ["current HW-DR-0052", "superseded HW-DR-0052"]
-A_DIGEST = "sha256:" + "1" * 64
+A_TEXT = "# doc HW-DR-0052\n"  # the fixture's a.md, as its Read shows it
+A_DIGEST = digest.of_text(A_TEXT)
 CONFIG = "/session/config"
 
 
@@ -61,6 +63,17 @@ def result(text="HW-DR-0052 current", subtype="success", is_error=False, cost="0
 
 def raw_result(cost_literal="0.1", text="done\\ncurrent HW-DR-0052"):
     return ('{"type":"result","subtype":"success","is_error":false,"result":"%s","total_cost_usd":%s}\n' % (text, cost_literal)).encode()
+
+
+def read_res(tid, content, *, start=1, num=None, total=None, kind="text"):
+    """A Read's result line as 2.1.197 writes it: the numbered text the model was sent, and the
+    structured record (tool_use_result) of what it read."""
+    lines = content.split("\n")
+    num = len(lines) if num is None else num
+    line = res(tid, "\n".join(f"{start + i}\t{x}" for i, x in enumerate(lines)))
+    line["tool_use_result"] = {"type": kind, "file": {"filePath": "/x", "content": content, "numLines": num,
+                                                      "startLine": start, "totalLines": num if total is None else total}}
+    return line
 
 
 def parse_objs(objs, **kw):
@@ -196,13 +209,13 @@ def test_call_without_result_has_no_result_key():
     assert out.event["calls"] == [{"tool": "Grep", "argument": "HW-DR ."}]  # a search of the workspace
 
 
-def test_read_after_write_uses_content_digest_not_manifest():
+def test_read_after_write_is_the_document_the_write_left_not_the_manifest_nor_what_returned():
     parsed = parse_objs([INIT,
-                         asst(use("t1", "Write", file_path="/workspace/a.md", content="new")), res("t1", "ok"),
-                         asst(use("t2", "Read", file_path="/workspace/a.md")), res("t2", "1\tnew"),
+                         asst(use("t1", "Write", file_path="/workspace/a.md", content="new")), _write_result("t1", original=A_TEXT, patch=[], content="new"),
+                         asst(use("t2", "Read", file_path="/workspace/a.md")), read_res("t2", "new"),
                          result()])
-    out = session_event(parsed, facts(files={"a.md": b"new"}), DECL, IDENT)
-    assert out.event["calls"][1] == {"tool": "Read", "argument": "a.md", "result": digest.of_text("1\tnew")}
+    out = session_event(parsed, facts(files={"a.md": b"new"}, changed={"a.md": digest.of_text("new")}), DECL, IDENT)
+    assert out.event["calls"][1] == {"tool": "Read", "argument": "a.md", "result": digest.of_text("new")}
 
 
 def test_list_result_content_digest_is_canonical_json():
@@ -217,7 +230,7 @@ def test_outside_workspace_paths_counted():
     parsed = parse_objs([INIT,
                          asst(use("t1", "Read", file_path="/etc/passwd"), use("t2", "Bash", command="cat /root/x"),
                               use("t3", "Read", file_path="/workspace/a.md")),
-                         res("t1", "root:x"), res("t2", "nope"), res("t3", "doc"),
+                         read_res("t1", "root:x"), res("t2", "nope"), res("t3", "doc"),
                          result()])
     out = session_event(parsed, facts(files={}), DECL, IDENT)
     assert out.outside_paths == ["/etc/passwd", "/root/x"]
@@ -286,7 +299,6 @@ def _event(*pairs, files=None, **over):
 
 
 @pytest.mark.parametrize("tool, inp, argument", [
-    ("Read", {"file_path": "/workspace/docs/a.md", "offset": 3}, "docs/a.md"),
     ("NotebookEdit", {"notebook_path": "/workspace/n.ipynb", "new_source": "the model's words"}, "n.ipynb"),
     ("LS", {"path": "/workspace/docs"}, "docs"),
     ("Bash", {"command": "ls /workspace/docs", "description": "List the docs"}, "ls docs"),
@@ -325,9 +337,11 @@ def test_prose_and_unknown_inputs_are_identified_by_their_canonical_digest(tool,
                                    "result": digest.of_text("ok")}]
 
 
-def _write_result(tid, *, original, patch):
+def _write_result(tid, *, original, patch, content=None):
     line = res(tid, "ok")
     line["tool_use_result"] = {"type": "update", "originalFile": original, "structuredPatch": patch}
+    if content is not None:
+        line["tool_use_result"]["content"] = content
     return line
 
 
@@ -340,16 +354,17 @@ def test_failed_and_unchanging_writes_produce_nothing_and_later_reads_keep_the_d
         (use("t5", "Read", file_path="/workspace/a.md"), res("t5", "1\tsame")),
         files={"a.md": b"same"})
     assert out.event["produced"] == []
-    assert out.event["calls"][4]["result"] == "sha256:" + "1" * 64  # the manifest's digest of a.md
+    assert out.event["calls"][4]["result"] == A_DIGEST  # the manifest's digest of a.md: nothing changed it
 
 
-def test_a_write_that_changed_the_file_is_produced_and_the_read_after_it_is_what_returned():
+def test_a_write_that_changed_the_file_is_produced_and_a_read_after_it_that_proves_nothing_has_no_result():
     out = _event(
         (use("t1", "Write", file_path="/workspace/a.md", content="new"), _write_result("t1", original="old", patch=[{"lines": ["-old", "+new"]}])),
-        (use("t2", "Read", file_path="/workspace/a.md"), res("t2", "1\tnew")),
-        files={"a.md": b"new HW-DR-0052"})
+        (use("t2", "Read", file_path="/workspace/a.md"), res("t2", "1\tnew")),  # no structured record: no bytes shown
+        files={"a.md": b"new HW-DR-0052"}, changed={"a.md": digest.of_text("new HW-DR-0052")})
     assert out.event["produced"] == [{"path": "a.md", "result": digest.of_text("new HW-DR-0052"), "cites": ["HW-DR-0052"]}]
-    assert out.event["calls"][1]["result"] == digest.of_text("1\tnew")
+    assert out.event["calls"][1] == {"tool": "Read", "argument": "a.md"}
+    assert "the Read of a.md (call 2) has no result: the stream shows only part of it" in out.notes[0]
 
 
 def test_a_write_whose_answer_never_came_may_have_written():
@@ -445,7 +460,7 @@ def test_a_session_the_driver_ended_at_its_time_limit_is_an_observation():
     out = session_event(parsed, facts(files={}, timed_out=True), DECL, IDENT)
     assert out.timed_out and out.cost_usd is None
     assert out.event == {"probe": "p1", "session": "present-001", "produced": [], "answer": None,
-                         "calls": [{"tool": "Read", "argument": "a.md", "result": "sha256:" + "1" * 64},
+                         "calls": [{"tool": "Read", "argument": "a.md", "result": A_DIGEST},
                                    {"tool": "Bash", "argument": "sleep 600"}]}
     # anything else unsound still refuses it
     assert stream.parse(cut[:2] + [b"not json\n"] + cut[2:], ended_by_driver=True).problems
@@ -490,3 +505,99 @@ def test_a_cost_finer_than_a_cost_can_be_is_refused_and_sums_are_exact():
     assert parsed.cost_usd is None and "which is not a cost" in parsed.problems[0]
     total = exact_sum([Decimal("0.10"), Decimal("1E-30")])
     assert total == Decimal("0.100000000000000000000000000001") and _cents(total) == 11  # 28 digits gave 10
+
+
+# --- issue 27, item 1: a read is the digest of the document's bytes as that read saw it ---------
+# "result on a call is the content digest of the document … never the bytes returned". The records
+# below are shaped as 2.1.197 writes them (tests/integration/test_contract_fidelity_3.py holds the
+# rule through the real CLI).
+
+CRLF = b"one\r\ntwo\r\n"
+
+
+def test_a_whole_read_is_the_known_state_whose_view_it_showed():
+    # sealed, then edited (the capture found it changed), then read whole: the edited document
+    edited = "# doc HW-DR-0052\nmore\n"
+    out = _event((use("t1", "Read", file_path="/workspace/a.md"), read_res("t1", A_TEXT)),
+                 (use("t2", "Bash", command="echo more >> a.md"), res("t2", "")),
+                 (use("t3", "Read", file_path="/workspace/a.md"), read_res("t3", edited)),
+                 files={"a.md": edited.encode()}, changed={"a.md": digest.of_text(edited)})
+    assert [c.get("result") for c in out.event["calls"]][::2] == [A_DIGEST, digest.of_text(edited)]
+
+
+def test_a_whole_read_of_a_crlf_document_is_the_bytes_not_the_view():
+    """The CLI drops a CR before each LF and a byte-order mark: a whole read shows the view, and the
+    sealed record's view digest tells which bytes it was."""
+    view = stream.cli_view(b"\xef\xbb\xbf" + CRLF)
+    assert view == b"one\ntwo\n"
+    sealed = digest.of_bytes(b"\xef\xbb\xbf" + CRLF)
+    out = _event((use("t1", "Read", file_path="/workspace/c.md"), read_res("t1", view.decode())),
+                 manifest={"c.md": sealed}, views={"c.md": digest.of_bytes(view)})
+    assert out.event["calls"][0]["result"] == sealed
+
+
+def test_a_whole_read_that_no_known_state_explains_has_no_result_where_its_bytes_are_in_doubt():
+    """A CRLF document changed by Bash and changed again: the read shows a view of neither state the
+    run knows, and a CRLF document's view is not its bytes, so no digest is proven."""
+    view = b"one\nTWO\n"
+    out = _event((use("t1", "Bash", command="sed -i s/two/TWO/ c.md"), res("t1", "")),
+                 (use("t2", "Read", file_path="/workspace/c.md"), read_res("t2", view.decode())),
+                 (use("t3", "Bash", command="sed -i s/TWO/three/ c.md"), res("t3", "")),
+                 manifest={"c.md": digest.of_bytes(CRLF)}, views={"c.md": digest.of_bytes(b"one\ntwo\n")},
+                 files={"c.md": b"one\r\nthree\r\n"}, changed={"c.md": digest.of_bytes(b"one\r\nthree\r\n")})
+    assert "result" not in out.event["calls"][1]
+    assert any("the Read of c.md (call 2) has no result" in n for n in out.notes)
+
+
+@pytest.mark.parametrize("before, changed, expected", [
+    ([], {}, "sealed"),  # nothing ran that could change a file
+    ([("Bash", {"command": "ls"})], {}, "sealed"),  # the session left it as sealed, no write named it
+    ([("Bash", {"command": "sed -i s/a/b/ a.md"})], {"a.md": digest.of_text("b")}, None),  # it changed: which lines?
+    ([("Grep", {"pattern": "x"})], {"a.md": digest.of_text("b")}, "sealed"),  # changed later, by what came after
+])
+def test_a_partial_read_proves_no_bytes_and_is_the_sealed_document_only_where_it_was_as_sealed(before, changed, expected):
+    pairs = [(use(f"b{i}", name, **inp), res(f"b{i}", "")) for i, (name, inp) in enumerate(before)]
+    pairs.append((use("r", "Read", file_path="/workspace/a.md", offset=2, limit=1), read_res("r", "x", start=2, num=1, total=4)))
+    pairs.append((use("z", "Bash", command="true"), res("z", "")))
+    out = _event(*pairs, changed=changed, files={"a.md": b"b"} if changed else {})
+    assert out.event["calls"][len(before)].get("result") == (A_DIGEST if expected == "sealed" else None)
+
+
+def test_a_read_of_an_unchanged_file_is_the_document_its_last_read_saw():
+    unchanged = res("t3", "Wasted call \u2014 file unchanged since your last Read.")
+    unchanged["tool_use_result"] = {"type": "file_unchanged", "file": {"filePath": "/workspace/n.md"}}
+    out = _event((use("t1", "Write", file_path="/workspace/n.md", content="n\n"), _write_result("t1", original=None, patch=[], content="n\n")),
+                 (use("t2", "Read", file_path="/workspace/n.md"), read_res("t2", "n\n")),
+                 (use("t3", "Read", file_path="/workspace/n.md"), unchanged),
+                 files={"n.md": b"n\n"}, changed={"n.md": digest.of_text("n\n")})
+    assert out.event["calls"][1]["result"] == out.event["calls"][2]["result"] == digest.of_text("n\n")
+
+
+@pytest.mark.parametrize("original_size, proven", [(None, True), (999, False)])
+def test_an_image_read_is_its_bytes_where_the_cli_passed_them_through(original_size, proven):
+    data = b"\x89PNG\r\n\x1a\n fake"
+    line = res("t2", [{"type": "image", "source": {"type": "base64", "data": base64.b64encode(data).decode(), "media_type": "image/png"}}])
+    line["tool_use_result"] = {"type": "image", "file": {"base64": base64.b64encode(data).decode(), "type": "image/png",
+                                                          "originalSize": original_size or len(data)}}
+    out = _event((use("t1", "Bash", command="cp /tmp/x.png i.png"), res("t1", "")),
+                 (use("t2", "Read", file_path="/workspace/i.png"), line), changed={"i.png": digest.of_bytes(data)},
+                 files={"i.png": data})
+    assert out.event["calls"][1].get("result") == (digest.of_bytes(data) if proven else None)
+
+
+def test_a_notebook_read_shows_cells_not_bytes():
+    line = res("t2", [{"type": "text", "text": "<cell id=\"cell-0\">print(1)</cell id=\"cell-0\">"}])
+    line["tool_use_result"] = {"type": "notebook", "file": {"filePath": "/workspace/n.ipynb", "cells": [{"cellType": "code", "source": "print(1)"}]}}
+    nb = digest.of_text("{}")
+    quiet = _event((use("t2", "Read", file_path="/workspace/n.ipynb"), line), manifest={"n.ipynb": nb})
+    assert quiet.event["calls"][0]["result"] == nb
+    after_edit = _event((use("t1", "NotebookEdit", notebook_path="/workspace/n.ipynb", new_source="x"), res("t1", "ok")),
+                        (use("t2", "Read", file_path="/workspace/n.ipynb"), line), manifest={"n.ipynb": nb},
+                        changed={"n.ipynb": digest.of_text("{ }")}, files={"n.ipynb": b"{ }"})
+    assert "result" not in after_edit.event["calls"][1]
+
+
+def test_a_failed_read_is_what_it_returned():
+    out = _event((use("t1", "Read", file_path="/workspace/b.dat"), res("t1", "cannot read binary files", is_error=True)),
+                 manifest={"b.dat": digest.of_text("x")})
+    assert out.event["calls"][0]["result"] == digest.of_text("cannot read binary files")
