@@ -11,6 +11,11 @@ from runner.settings import Settings
 VERIFIED_VERSION = "2.1.197"
 
 
+def tool_names(rules: list[str]) -> list[str]:
+    """The tool each permission rule names (``Bash(git *)`` names Bash), once, in order."""
+    return list(dict.fromkeys(rule.split("(", 1)[0].strip() for rule in rules))
+
+
 def flags(plan: Plan, settings: Settings) -> list[str]:
     """Everything after the executable. The task goes in on stdin, never as an argument, so
     no task text appears in a process list or in a pod's spec.args."""
@@ -21,6 +26,10 @@ def flags(plan: Plan, settings: Settings) -> list[str]:
         "--setting-sources", "project,local",
         "--permission-mode", "dontAsk",
         "--model", plan.model,
+        # --allowedTools alone is not the list: under dontAsk 2.1.197 still runs the tools whose own
+        # permission check allows them (Agent/Task, TaskCreate, CronCreate, ...); --tools offers
+        # the model the listed built-in tools and no others
+        "--tools", ",".join(tool_names(h.allowed_tools)),
         "--allowedTools", *h.allowed_tools,
         "--disallowedTools", *h.disallowed_tools,
     ]

@@ -584,7 +584,14 @@ class _Sealer:
         return sorted(out)
 
     def names_probe(self, f: _File) -> bool:
-        return any(p.search(f.folded) for p in self.phrases) or bool(self.probe_names.lines(f))
+        return self.path_names_probe(f.rel) or any(p.search(f.folded) for p in self.phrases) or bool(self.probe_names.lines(f))
+
+    def path_names_probe(self, rel: str) -> bool:
+        """"every file that names the probe": a path names it as much as a line does, by the id or
+        the title in any of its components (docs/notes/HW-PRB-0399-followup.md), read by the
+        line's own rule (so a slug, its words joined by punctuation, is not the title)."""
+        folded = rel.casefold()
+        return any(p.search(folded) for p in self.phrases)
 
     def names_answer_key(self, f: _File) -> bool:
         return bool(self.key_names.lines(f))
@@ -716,8 +723,8 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
             why = f"removed by the {arm} arm"
         if why is None:
             why = sealer.why_link_removed(target_rel, result.removed, components)
-        if why is None and resolved.is_file():  # the link is a path of its own: the file rule
-            why = sealer.why_content_removed(_File(rel, resolved.read_bytes()))
+        if why is None:  # the link is a path of its own: the file rule (its name; a file's text too)
+            why = sealer.why_content_removed(_File(rel, resolved.read_bytes() if resolved.is_file() else b""))
         if why is not None:
             result.removed[rel] = why
             continue

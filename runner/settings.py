@@ -25,7 +25,9 @@ from runner.errors import UserError, format_validation_error
 PRIVATE_V4 = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]
 PRIVATE_V6 = ["fc00::/7", "fe80::/10", "::1/128"]
 
-DEFAULT_ALLOWED_TOOLS = ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash"]
+# Skill is on it because the present arm loads the workspace's skills "because they are what a
+# campaign measures", and a skill reaches the session through the Skill tool alone.
+DEFAULT_ALLOWED_TOOLS = ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash", "Skill"]
 
 
 class ProviderSettings(BaseModel):

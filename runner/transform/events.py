@@ -36,6 +36,7 @@ from runner.stream import (
     cli_view,
 )
 from runner.transform.initcheck import InitContext, refusals
+from runner.transform.shell import HOME, Named, Session
 
 
 @dataclass
@@ -62,6 +63,9 @@ class SessionFacts:
     driver_produced: list[str] = field(default_factory=list)
     declared_mcp_servers: frozenset[str] = frozenset()
     host_skills: frozenset[str] = frozenset()
+    # the tools the one list of allowed tools names (harness.tool_names), or None where the
+    # capture does not record the list
+    allowed_tools: frozenset[str] | None = None
 
 
 @dataclass
@@ -82,16 +86,16 @@ class SessionOutcome:
 class _Paths:
     def __init__(self, workspace: str):
         ws = PurePosixPath(workspace)
-        self._ws_text = str(ws)
+        self.workspace = self._ws_text = str(ws)
         # None where no path, once normalised under the root "/", can lie inside the workspace:
         # a relative workspace, or one under POSIX's distinct root "//"
         self._ws_parts = list(ws.parts[1:]) if ws.root == "/" else None
         self._prefix = "/".join(["", *self._ws_parts, ""]) if self._ws_parts is not None else None
         self._base = workspace.rstrip("/")
-        base = re.escape(self._base)
-        # Only whole path words: /workspace2 and /home/workspace/x are other paths.
-        self._inside = re.compile(r"(?<![\w./~-])" + base + "/")
-        self._bare = re.compile(r"(?<![\w./~-])" + base + r"(?![\w./-])")
+        # The workspace at the start of a path (only whole path words: /workspace2 and
+        # /home/workspace/x are other paths), with the rest of the path up to where the shell's
+        # word ends or its quoting changes.
+        self._named = re.compile(r"(?<![\w./~-])" + re.escape(self._base) + r"(?![\w.-])(/[^\s;|&<>()'\"`]*)?")
 
     def relative(self, path: str) -> str | None:
         """The workspace-relative form of a path inside the workspace, else None.
@@ -121,18 +125,29 @@ class _Paths:
         return None
 
     def strip(self, text: str) -> str:
+        """A command with each path inside the workspace written relative to it, as a word that
+        still names the file: the workspace's own leading ``/`` and ``.`` components go, and the
+        workspace itself is ``.`` (``/workspace//docs/x`` is ``docs/x``, ``/workspace/`` is
+        ``.``), except where the word goes on past them (``/workspace/"a b"`` is ``"a b"``). A
+        path that climbs out of the workspace (``/workspace/../x``) is left as it is."""
         if self._base not in text:  # most arguments never name the workspace: no pattern to run
             return text
-        return self._bare.sub(".", self._inside.sub("", text))
+        out, done, quote, scanned = [], 0, "", 0
+        for m in self._named.finditer(text):
+            quote, scanned = _quoting(text, scanned, m.start(), quote), m.start()
+            rest = [c for c in (m.group(1) or "").split("/") if c not in ("", ".")]
+            if rest[:1] == [".."]:
+                continue
+            after = m.end() + (1 if quote and text[m.end():m.end() + 1] == quote else 0)  # past a closing quote
+            goes_on = after < len(text) and not text[after].isspace() and text[after] not in ";|&<>()"
+            out += [text[done:m.start()], "/".join(rest) + ("/" if rest and m.group(0).endswith("/") else "")
+                    if rest else ("" if goes_on else ".")]
+            done = m.end()
+        return "".join(out) + text[done:]
 
     def show(self, path: str) -> str:
         rel = self.relative(path)
         return rel if rel is not None else path
-
-    def outside(self, path: str) -> bool:
-        """Whether a path the session named resolves outside the workspace (lexically, against the
-        workspace as the session's directory); a ~ path names the home directory."""
-        return path.startswith("~") or self.relative(path) is None
 
     def resolved(self, rel: str, links: dict[str, str]) -> str | None:
         """The workspace path a relative path leads to through the workspace's links (each link's
@@ -156,6 +171,23 @@ class _Paths:
         return None
 
 
+def _quoting(text: str, start: int, end: int, quote: str) -> str:
+    """The shell's quoting at ``end``, from ``quote`` at ``start``: "" (none), "'" or '"'."""
+    i = start
+    while i < end:
+        c = text[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            i += 1
+        elif quote == '"':
+            quote = "" if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        i += 1
+    return quote
+
+
 def argument_of(use: ToolUse, paths: _Paths) -> str:
     """The call's identifying argument (see stream.ARGUMENT_KEYS): a path made relative to the
     workspace, a command, a search as shell words (its pattern, what it searched, "." for the
@@ -177,134 +209,27 @@ def argument_of(use: ToolUse, paths: _Paths) -> str:
 
 def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
     """Every path a call names that resolves outside the workspace, once, in order of first
-    appearance: path inputs (and a Glob pattern, which is a path with wildcards), and in a Bash
-    command every word that is a path (absolute, ~, or relative with a ``/``), an option's value
-    (``--opt=/path``), an assignment's or a redirection's target (``>/tmp/x``, ``2>>~/log``).
-    A heredoc's body is text, not a command, and is not read (the contract's grader rule)."""
+    appearance: path inputs (and a Glob pattern, which is a path with wildcards), read against the
+    shell's working directory, and the paths of each Bash command as the shell resolves them
+    (transform/shell.py)."""
     found: dict[str, None] = {}
-
-    def add(candidate: str) -> None:
-        if candidate and paths.outside(candidate):
-            found[candidate] = None
-
+    shell = Session(paths.workspace, lambda p: not p.startswith(HOME) and paths.relative(p) is not None)
     for use in uses:
+        named: list[Named] = []
         for key in PATH_INPUT_KEYS:
             value = use.input.get(key)
             if isinstance(value, str):
-                add(value)
+                named.append(shell.path(value))
         if use.name == "Glob" and isinstance(use.input.get("pattern"), str):
-            add(use.input["pattern"])
+            named.append(shell.path(use.input["pattern"]))
         command = use.input.get("command") if use.name == "Bash" else None
         # a path outside names "/" or "~", or is "..": a command with none of them names none
-        if isinstance(command, str) and ("/" in command or "~" in command or ".." in command):
-            for word in _shell_words(_without_heredoc_bodies(command) if "<<" in command else command):
-                if "/" in word or "~" in word or ".." in word:
-                    m = _PATH_IN_WORD.match(word)  # it matches every word: its prefix is optional
-                    path = m.group(1) if m else word
-                    if path[:1] in ("/", "~") or "/" in path or path == "..":
-                        add(path)
+        if isinstance(command, str) and ("/" in command or "~" in command or ".." in command or "cd" in command or "pushd" in command):
+            named += shell.named(command, subagent=use.parent is not None)
+        for n in named:
+            if n.text and (n.resolved.startswith(HOME) or paths.relative(n.resolved) is None):
+                found[n.text] = None
     return list(found)
-
-
-# The path a shell word names: after a redirection operator (``2>``, ``>>``, ``&>``, ``<``) or an
-# option's or assignment's ``name=``; a word with neither is the path itself.
-_PATH_IN_WORD = re.compile(r"(?:[0-9]*(?:&>>?|>>?&?|<<<|<>?|>\|)|-{0,2}[A-Za-z_][\w.-]*=)?(.*)", re.S)
-_HEREDOC = re.compile(r"<<-?[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|\\?([^\s;&|<>()'\"]+))")
-# What can change how the scan reads on: a line break, a quote, an escape, a comment, arithmetic
-# (``$((`` or ``((`` ... ``))``, where ``<<`` is a shift) and ``<<`` itself.
-_SCAN = re.compile(r"[\n'\"\\#]|\$?\(\(|\)\)|<<")
-
-
-def _without_heredoc_bodies(command: str) -> str:
-    """The command without the bodies of its here-documents (from the line after ``<<WORD`` to
-    the line that is WORD, leading tabs too for ``<<-``); a body never closed runs to the end.
-    ``<<`` counts only where the shell reads it as an operator: not inside quotes, a comment or
-    arithmetic, and not as ``<<<`` (a here-string, which has no body)."""
-    out: list[str] = []
-    pending: list[tuple[str, bool]] = []
-    quote = ""
-    arithmetic = 0
-    i, n, kept = 0, len(command), 0
-    while (m := _SCAN.search(command, i)) is not None:
-        token, i = m.group(0), m.end()
-        if quote == "'":
-            quote = "" if token == "'" else quote
-        elif quote == '"':
-            if token == "\\":
-                i += 1
-            elif token == '"':
-                quote = ""
-        elif token == "\n":
-            if pending:
-                out.append(command[kept:i])
-                for word, strip_tabs in pending:  # the bodies, in the order they were opened
-                    while i < n:
-                        end = command.find("\n", i)
-                        line, i = (command[i:], n) if end < 0 else (command[i:end], end + 1)
-                        if (line.lstrip("\t") if strip_tabs else line) == word:
-                            break
-                pending, kept = [], i
-        elif token == "\\":
-            i += 1
-        elif token in ("'", '"'):
-            quote = token
-        elif token == "#":
-            if m.start() == 0 or command[m.start() - 1] in " \t\n;&|(":
-                end = command.find("\n", i)
-                i = n if end < 0 else end  # the line break itself is read next
-        elif token.endswith("(("):
-            arithmetic += 1
-        elif token == "))":
-            arithmetic = max(0, arithmetic - 1)
-        elif not arithmetic:  # <<
-            if command.startswith("<", i):
-                i += 1  # <<<: a here-string
-            elif (h := _HEREDOC.match(command, m.start())) is not None:
-                pending.append((h.group(1) or h.group(2) or h.group(3) or "", h.group(0).startswith("<<-")))
-                i = h.end()
-    out.append(command[kept:])
-    return "".join(out)
-
-
-# A command as shlex reads it (posix, whitespace_split, comments), one word at a time: a word of
-# unquoted runs, single- or double-quoted strings and escaped characters; a comment to the end of
-# its line; or a quote or backslash left open.
-_SHELL_WORD = re.compile(r"""[ \t\r\n]*(?:((?:[^ \t\r\n'"\\#]+|'[^']*'|"(?:[^"\\]|\\.)*"|\\.)+)|(#[^\n]*\n?)|(['"\\]))""", re.S)
-_SHELL_PIECE = re.compile(r"""([^'"\\]+)|'([^']*)'|"((?:[^"\\]|\\.)*)"|\\(.)""", re.S)
-_DOUBLE_QUOTED_ESCAPE = re.compile(r"\\(.)", re.S)
-_QUOTING = re.compile(r"['\"\\\\]")
-
-
-def _unquoted(word: str) -> str:
-    """A word of the command that holds a quote or a backslash, without them, as shlex gives it."""
-    pieces = []
-    for run, single, double, escaped in _SHELL_PIECE.findall(word):
-        # findall gives "" for a group that did not take part: the one that did is the piece
-        pieces.append(run or single or escaped or
-                      # inside double quotes a backslash escapes only a backslash or a double quote
-                      _DOUBLE_QUOTED_ESCAPE.sub(lambda e: e.group(1) if e.group(1) in '\\"' else e.group(0), double))
-    return "".join(pieces)
-
-
-def _shell_words(command: str) -> list[str]:
-    """The words of a command as ``shlex.split(command, comments=True)`` gives them, or where it
-    refuses the command (an open quote, a final backslash) its words split on white space.
-
-    shlex reads a character at a time in Python and cost more than parsing the stream; this reads
-    a word at a time with one pattern (held to shlex by tests/unit/test_properties.py)."""
-    words = []
-    # White space at the very end matches no word: stripped, or findall would retry the pattern from
-    # every position in it (quadratic in its length); the first of it stays after a backslash,
-    # which may escape it.
-    stripped = command.rstrip(" \t\r\n")
-    if stripped.endswith("\\") and len(stripped) < len(command):
-        stripped = command[:len(stripped) + 1]
-    for word, _comment, open_ in _SHELL_WORD.findall(stripped):
-        if open_:
-            return command.split()
-        if word:
-            words.append(_unquoted(word) if _QUOTING.search(word) else word)
-    return words
 
 
 def corpus_identifiers(texts: Iterable[str], identifier: re.Pattern[str]) -> frozenset[str]:
@@ -431,7 +356,7 @@ class _Documents:
 
 
 def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, notes: list[str]) -> list[dict[str, Any]]:
-    calls = []
+    calls: list[dict[str, Any]] = []
     documents = _Documents(parsed, facts, paths)
     for use in parsed.tool_uses:
         call: dict[str, Any] = {"tool": use.name, "argument": argument_of(use, paths)}
@@ -534,6 +459,21 @@ def _harness_error(parsed: ParsedStream) -> str | None:
     return None
 
 
+def _ran_outside_the_list(parsed: ParsedStream, allowed: frozenset[str] | None) -> list[str]:
+    """"Every arm runs in the permission mode dontAsk, with one list of allowed tools": a call of
+    another tool that the harness answered without an error ran, and the session then did not run
+    under the list. (A tool of an MCP server the workspace declares is the mcp arm's to measure.)"""
+    if allowed is None:
+        return []
+    ran: dict[str, int] = {}
+    for n, use in enumerate(parsed.tool_uses, 1):
+        res = parsed.results.get(use.id)
+        if use.name not in allowed and not use.name.startswith("mcp__") and res is not None and not res.is_error:
+            ran.setdefault(use.name, n)
+    return [f"the stream shows {name} running (call {n}), a tool outside the one list of allowed tools "
+            f"({', '.join(sorted(allowed))})" for name, n in ran.items()]
+
+
 def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[str], identifier: re.Pattern[str]) -> SessionOutcome:
     paths = _Paths(facts.workspace)
     notes = list(parsed.notes)
@@ -547,6 +487,7 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
         error = _harness_error(parsed)
         if error:
             reasons.append(error)
+    reasons += _ran_outside_the_list(parsed, facts.allowed_tools)
     outside = _outside_paths(parsed.tool_uses, paths)
     event: dict[str, Any] | None = None
     if not reasons:

@@ -23,8 +23,9 @@ from decimal import MAX_PREC, Decimal, localcontext
 from typing import Any
 
 from runner import digest, layout, stream
-from runner.campaign import load_identifiers
+from runner.campaign import load_identifiers, realized_cost
 from runner.errors import UserError
+from runner.harness import tool_names
 from runner.ledger import Ledger, SessionState, now, sessions_digest
 from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
@@ -99,6 +100,7 @@ def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
         driver_produced=capture.get("driver_produced", []),
         declared_mcp_servers=frozenset(sealed.get("mcp_servers", [])),
         host_skills=frozenset(capture.get("host_skills", [])),
+        allowed_tools=frozenset(tool_names(listed)) if isinstance(listed := (capture.get("harness") or {}).get("allowed_tools"), list) else None,
     )
     parsed = stream.parse(store.iter_lines(keys.stream), ended_by_driver=timed_out)
     probe = plan.probe(keys.probe)
@@ -252,7 +254,7 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
         prose.append(f"The time limit ended {len(limited)} session(s) before the harness finished "
                      f"({', '.join(f'{o.probe} {o.session}' for o in limited)}): each is recorded with the calls "
                      f"it made until then, and with answer null unless its result line had arrived; a session "
-                     f"without a result line states no cost.")
+                     f"without a result line states no cost, so its cost is the gateway's meter where one metered it.")
     stopped = [o for o in outcomes if o.over_budget and o.event is not None]
     if stopped:
         prose.append(f"Its own spend limit (the CLI's --max-budget-usd, or the gateway's meter of every call made "
@@ -261,16 +263,23 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
                      f"made until then and answer null, as its stream says; the CLI stops after the answer that "
                      f"reaches the limit, so its cost may pass the limit by less than that answer's.")
     prose.extend(_gateway_prose(outcomes, captures))
-    known = sum(1 for o in outcomes if o.cost_usd is not None)
-    prose.append(
-        f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused "
-        f"ones included, summed exactly from each result line's total_cost_usd and rounded up to whole "
-        f"cents; {known} of them stated a cost."
-    )
+    prose.append(_cost_prose(outcomes, captures))
     served = sorted({m for o in outcomes for m in o.served_models})
     if len(served) > 1:
         prose.append(f"The provider served more than one version: {', '.join(served)}.")
     return prose
+
+
+def _cost_prose(outcomes: list[SessionOutcome], captures: list[dict[str, Any]]) -> str:
+    unknown = [f"{o.probe} {o.session}" for o, c in zip(outcomes, captures, strict=True)
+               if realized_cost(o.cost_usd, c.get("gateway")) is None]
+    text = (f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused ones "
+            f"included: for each, the larger of its result line's total_cost_usd and the provider gateway's meter "
+            f"of its calls (as the budget's books settle it), summed exactly and rounded up to whole cents.")
+    if unknown:
+        text += (f" The cost of {len(unknown)} of them is not known ({', '.join(unknown)}): each ended without a "
+                 f"result line and no gateway metered it, so cost_cents counts only the others and is a lower bound.")
+    return text
 
 
 def notes_prose(outcomes: list[SessionOutcome]) -> list[str]:
@@ -393,7 +402,8 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
         captured = [r for r in items if r.outcome is not None]
         outcomes = [r.outcome for r in captured if r.outcome is not None]
         captures = [r.capture for r in captured if r.capture is not None]
-        costs = [o.cost_usd for o in outcomes if o.cost_usd is not None]
+        realized = [realized_cost(o.cost_usd, c.get("gateway")) for o, c in zip(outcomes, captures, strict=True)]
+        costs = [c for c in realized if c is not None]
         total = exact_sum(costs)
         report.cost_usd = exact_sum([report.cost_usd, total])
         key = layout.transcript_key(plan.campaign, plan.tier.value, arm)

@@ -122,7 +122,8 @@ def test_session_pod_complete(plan):
                     "args": ["claude", "-p", "--output-format", "stream-json", "--verbose",
                              "--setting-sources", "project,local", "--permission-mode", "dontAsk",
                              "--model", "claude-sonnet-4-5",
-                             "--allowedTools", "Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash",
+                             "--tools", "Read,Grep,Glob,Edit,Write,MultiEdit,NotebookEdit,Bash,Skill",
+                             "--allowedTools", "Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash", "Skill",
                              "--disallowedTools", "WebSearch", "WebFetch"],
                     "workingDir": "/workspace",
                     "env": [

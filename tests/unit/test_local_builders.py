@@ -65,7 +65,7 @@ def test_every_session_sees_the_same_paths_as_in_the_session_pod():
 
 
 def test_harness_argv_flags():
-    s = settings(harness=HarnessSettings(allowed_tools=["Read", "Grep"], disallowed_tools=["WebFetch"]))
+    s = settings(harness=HarnessSettings(allowed_tools=["Read", "Grep", "Bash(git *)", "Bash(ls)"], disallowed_tools=["WebFetch"]))
     argv = harness_argv(plan(), s)
     assert argv == [
         HARNESS_PATH, "-p",
@@ -73,7 +73,8 @@ def test_harness_argv_flags():
         "--setting-sources", "project,local",
         "--permission-mode", "dontAsk",
         "--model", "claude-x",
-        "--allowedTools", "Read", "Grep",
+        "--tools", "Read,Grep,Bash",  # the tools the rules name: the model is offered these and no others
+        "--allowedTools", "Read", "Grep", "Bash(git *)", "Bash(ls)",
         "--disallowedTools", "WebFetch",
     ]
     joined = " ".join(argv)
@@ -87,7 +88,7 @@ def test_harness_argv_default_tools_and_max_turns():
     argv = harness_argv(plan(), s)
     i = argv.index("--allowedTools")
     j = argv.index("--disallowedTools")
-    assert argv[i + 1:j] == ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash"]
+    assert argv[i + 1:j] == ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash", "Skill"]
     assert argv[j + 1:] == ["WebSearch", "WebFetch", "--max-turns", "5"]
     assert "please answer" not in " ".join(argv)
 

@@ -34,7 +34,7 @@ def _stored_session(tmp_path: Path, checks: list[dict], **capture: object):
     store.put(keys.capture, json.dumps({
         "executor": "kubernetes", "confinement": "pods", "workspace": "/workspace", "config_dir": "/session/config",
         "artifacts": {}, "timed_out": False, "confinement_checks": checks,
-        "harness": {"allowed_tools": ["Read"]}, "started_at": "2026-12-03T10:00:00Z", **capture}).encode())
+        "harness": {"allowed_tools": ["Read", "Write"]}, "started_at": "2026-12-03T10:00:00Z", **capture}).encode())
     return store, plan, keys
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from pathlib import PurePosixPath
 
 import fuzz_targets
@@ -18,7 +17,8 @@ from hypothesis import strategies as st
 
 from runner import answer, digest, stream
 from runner.transform import intake, transcript
-from runner.transform.events import _Paths, _shell_words
+from runner.transform.events import _Paths
+from runner.transform.shell import Session
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 IDENT = re.compile(r"HW-[A-Z]+-[0-9]{4}")
@@ -161,12 +161,11 @@ def test_relative_paths_are_computed_as_pathlib_computed_them(workspace, path):
 @given(st.text(alphabet=" \t\r\n\x0b\xa0\u2003\x00ab/~'\"\\#|;&$()", max_size=30)
        | st.sampled_from(["", "''", "'' ''", "a#b c", "#x\ny", "\\", "'a", '"a\\"', '"a\\b\\"\\\\"', "a\\\nb",
                           "cat > n.md <<'EOF'\nx: 1 # y\nEOF\ngit commit -m \"a 'b'\""]))
-def test_shell_words_are_shlexs(command):
-    try:
-        want = shlex.split(command, comments=True)
-    except ValueError:
-        want = command.split()
-    assert _shell_words(command) == want
+def test_any_command_gives_the_paths_it_names_and_never_raises(command):
+    shell = Session("/workspace", lambda p: p == "/workspace" or p.startswith("/workspace/"))
+    for named in shell.named(command) + shell.named(command, subagent=True):
+        assert named.resolved.startswith(("/", "~")), named
+    assert shell.cwd.startswith("/workspace")  # the CLI puts a shell that left the workspace back
 
 
 @FAST

@@ -540,3 +540,53 @@ def test_the_final_check_refuses_a_key_or_a_shelf_left_at_its_real_path(tmp_path
     monkeypatch.setattr(seal_module._Sealer, "why_path_removed", lambda self, rel: None)
     with pytest.raises(SealError, match="notes-src/status-answer.md is the answer key"):
         do_seal(corpus, tmp_path)
+
+
+# --- 12. a path names the probe as much as a line does (issue 27, item 4) --------------------
+
+@pytest.mark.parametrize("rel", [
+    "docs/notes/HW-PRB-0007-followup.md",  # the id in the file name
+    "notes/hw-prb-0007.txt",  # in another case, outside docs/
+    "docs/HW-PRB-0007/plan.md",  # in a directory's name
+    "tools/Status of HW-DR-0052.md",  # the title, its words apart as on a line
+])
+def test_a_file_whose_path_names_the_probe_is_removed(tmp_path, rel):
+    """"tools/probe/seal.sh removes the probe shelves from the workspace, and every file that names
+    the probe", whatever the file holds."""
+    corpus = make_corpus(tmp_path, {rel: "Nothing about any probe.\n"})
+    ws = do_seal(corpus, tmp_path)
+    assert ws.removed[rel] == "names the probe"
+    assert rel not in files(ws.path)
+
+
+@pytest.mark.parametrize("rel", ["docs/notes/HW-PRB-00071.md", "docs/status-of-hw-dr-0052.md", "docs/XHW-PRB-0007.md"])
+def test_a_path_holding_a_longer_identifier_or_a_slug_is_kept(tmp_path, rel):
+    corpus = make_corpus(tmp_path, {rel: "Nothing.\n"})
+    assert rel in files(do_seal(corpus, tmp_path).path)
+
+
+def test_a_link_whose_name_names_the_probe_is_removed_even_to_a_directory(tmp_path):
+    corpus = make_corpus(tmp_path, {"docs/other/x.md": "x\n"})
+    os.symlink("other", corpus / "docs/HW-PRB-0007-notes")
+    ws = do_seal(corpus, tmp_path)
+    assert ws.removed["docs/HW-PRB-0007-notes"] == "names the probe"
+    assert not os.path.lexists(ws.path / "docs/HW-PRB-0007-notes")
+
+
+def test_a_fold_may_name_the_probe_by_its_path(tmp_path):
+    """"A fold names the probe by path or title and states no answer": outside docs/ it stays."""
+    rel = "tools/HW-PRB-0007-fold.md"
+    corpus = make_corpus(tmp_path, {rel: "How to run it.\n"}, folds=(rel,))
+    ws = do_seal(corpus, tmp_path)
+    assert rel in files(ws.path) and ws.folds_kept == [rel]
+
+
+def test_the_final_check_refuses_a_path_that_names_the_probe(tmp_path, monkeypatch):
+    """"The driver refuses a workspace in which a file still names the probe": the check reads
+    every path, not only every line."""
+    from runner import seal as sealing
+    rel = "docs/notes/HW-PRB-0007-followup.md"
+    corpus = make_corpus(tmp_path, {rel: "Nothing.\n"})
+    monkeypatch.setattr(sealing._Sealer, "why_removed", lambda self, f: self.why_path_removed(f.rel))
+    with pytest.raises(SealError, match=f"{rel} still names the probe"):
+        do_seal(corpus, tmp_path)

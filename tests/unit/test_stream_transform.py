@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from runner import digest, stream
-from runner.transform.events import SessionFacts, _without_heredoc_bodies, corpus_identifiers, session_event
+from runner.transform.events import SessionFacts, corpus_identifiers, session_event
 from runner.transform.initcheck import InitContext, refusals
+from runner.transform.shell import without_heredoc_bodies
 
 FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 IDENT = re.compile(r"HW-DR-\d{4}")
@@ -412,9 +413,9 @@ def test_path_inputs_and_rooted_glob_patterns_outside_are_counted():
 
 
 def test_heredoc_bodies_are_dropped_and_the_command_kept():
-    assert _without_heredoc_bodies("cat > a <<EOF\nbody\nEOF\nls x") == "cat > a <<EOF\nls x"
-    assert _without_heredoc_bodies('cat <<"A" <<B\n1\nA\n2\nB\nend') == 'cat <<"A" <<B\nend'
-    assert _without_heredoc_bodies("cat <<EOF\nnever closed") == "cat <<EOF\n"
+    assert without_heredoc_bodies("cat > a <<EOF\nbody\nEOF\nls x") == "cat > a <<EOF\nls x"
+    assert without_heredoc_bodies('cat <<"A" <<B\n1\nA\n2\nB\nend') == 'cat <<"A" <<B\nend'
+    assert without_heredoc_bodies("cat <<EOF\nnever closed") == "cat <<EOF\n"
 
 
 @pytest.mark.parametrize("command", [
