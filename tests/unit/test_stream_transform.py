@@ -602,3 +602,20 @@ def test_a_failed_read_is_what_it_returned():
     out = _event((use("t1", "Read", file_path="/workspace/b.dat"), res("t1", "cannot read binary files", is_error=True)),
                  manifest={"b.dat": digest.of_text("x")})
     assert out.event["calls"][0]["result"] == digest.of_text("cannot read binary files")
+
+
+def test_a_session_whose_stream_shows_a_tool_outside_the_list_running_is_refused():
+    """"Every arm runs in the permission mode dontAsk, with one list of allowed tools": 2.1.197
+    without --tools ran TaskCreate though the list did not hold it (a real capture), and the session
+    did not run under the list."""
+    with open(FIXTURE.parent / "unlisted-tool-ran.jsonl", "rb") as f:
+        parsed = stream.parse(f)
+    assert parsed.problems == []
+    allowed = frozenset({"Read", "Grep", "Glob", "Edit", "Write", "Bash"})
+    out = session_event(parsed, facts(files={}, allowed_tools=allowed), DECL, IDENT)
+    assert out.event is None
+    assert out.refusals == ["the stream shows TaskCreate running (call 1), a tool outside the one list of allowed tools "
+                            "(Bash, Edit, Glob, Grep, Read, Write)"]
+    # under a list that holds TaskCreate the same stream is an event
+    kept = session_event(parsed, facts(files={}, allowed_tools=allowed | {"TaskCreate"}), DECL, IDENT)
+    assert kept.refusals == [] and kept.event["calls"][1]["result"] == A_DIGEST
