@@ -202,3 +202,19 @@ def test_an_arm_the_time_limit_cut_everywhere_costs_what_the_gateway_metered(tmp
     spent = books(Ledger(out["store"], "slow")).spent
     assert spent == total  # the books settled each attempt at the same meter
     assert "The time limit ended 2 session(s)" in out["texts"]["present"]
+
+
+def test_an_arm_whose_cost_nobody_knows_is_refused_with_the_reason(tmp_path, claude_command):
+    """"Every one of the twelve is required" and "A run that recorded no cost leaves the cost of the
+    instrument to a guess": without a gateway nothing metered the cut sessions, so the arm is
+    refused, and the refusal says why."""
+    corpus = tmp_path / "corpus"
+    probes = [probe("HW-PRB-0312", "FID3-SLOW: run out of time, unmetered.", ANSWERS)]
+    write_corpus(corpus, {"docs/a.md": DOC}, probes)
+    plan = {"campaign": "unmetered", "tier": "regression", "model": "claude-sonnet-4-5", "identity": IDENTITY,
+            "arms": ["present"], "repetitions": 1, "identifier_pattern": IDENT, "probes": probes}
+    out = record(tmp_path, "unmetered", corpus, plan, SLOW, 20, claude_command, gateway={"enabled": False})
+    assert out["texts"]["present"] is None
+    (refusal,) = [r for r in out["report"].refusals if r["scope"] == "transcript"]
+    assert refusal["reason"] == ("identity: the run identity lacks cost_cents (the cost of none of its 1 "
+                                 "captured sessions is known: each ended without a result line and no provider gateway metered it)")
