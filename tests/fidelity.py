@@ -28,6 +28,12 @@ def probe(pid: str, task: str, answers: list[str], title: str | None = None, pat
             "answers": answers, "examines": ["docs/a.md"]}
 
 
+def plan_of(campaign: str, probes: list[dict], identifier: str, repetitions: int = 1) -> dict:
+    """A one-arm (present) regression plan of these probes."""
+    return {"campaign": campaign, "tier": "regression", "model": "claude-sonnet-4-5", "identity": IDENTITY,
+            "arms": ["present"], "repetitions": repetitions, "identifier_pattern": identifier, "probes": probes}
+
+
 def use(name: str, **inp) -> dict:
     """A scenario turn of one tool call."""
     return {"tool_uses": [{"name": name, "input": inp}]}

@@ -436,12 +436,12 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
         for d in result.dropped:
             report.refusals.append({"scope": "event", "arm": arm, "status": "dropped", **d})
         if result.refusal:
-            why = result.refusal
+            reason = result.refusal
             if not costs:  # the contract's words, and the run's: why no cost is known
-                why += (f" (the cost of none of its {len(outcomes)} captured sessions is known: each ended without a result "
+                reason += (f" (the cost of none of its {len(outcomes)} captured sessions is known: each ended without a result "
                         f"line and no provider gateway metered it)")
-            report.refusals.append({"scope": "transcript", "arm": arm, "status": "refused", "transcript": key, "reason": why})
-            report.arms.append(ArmResult(arm, None, 0, why))
+            report.refusals.append({"scope": "transcript", "arm": arm, "status": "refused", "transcript": key, "reason": reason})
+            report.arms.append(ArmResult(arm, None, 0, reason))
             continue
         kept = {(e["probe"], e["session"]) for e in result.events}
         for r in captured:

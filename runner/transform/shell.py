@@ -108,17 +108,22 @@ class Session:
     def __post_init__(self) -> None:
         self.cwd = self.cwd or posixpath.normpath(self.workspace)
 
-    def named(self, command: str, subagent: bool = False) -> list[Named]:
+    def named(self, command: str, subagent: bool = False, parse: bool = False) -> list[Named]:
+        """``parse``: bashlex reads the command even where its words are plain (see _PLAIN)."""
         shell = _Shell(self.cwd, self.cwd)
         self._found = []
-        try:
-            trees = bashlex.parse(_blank_heredoc_quotes(command)) if "<<" in command else bashlex.parse(command)
-        except (bashlex.errors.ParsingError, NotImplementedError, AttributeError, IndexError, TypeError, ValueError,
-                RecursionError, AssertionError, KeyError):
-            self._fallback(command, shell)
-            return self._found
-        for tree in trees:
-            self._walk(tree, command, shell)
+        if not parse and _PLAIN.fullmatch(command) and "ln" not in _PLAIN_TOKEN.findall(command):
+            self._read(_PLAIN_TOKEN.findall(command), shell)
+        else:
+            if "<<" in command:
+                command = _blank_heredoc_quotes(without_heredoc_bodies(command, closed=True))
+            try:
+                for tree in bashlex.parse(command):
+                    self._walk(tree, command, shell)
+            except (bashlex.errors.ParsingError, NotImplementedError, AttributeError, IndexError, TypeError, ValueError,
+                    RecursionError, AssertionError, KeyError):
+                self._found = []
+                self._read(_tokens(command), _Shell(self.cwd, self.cwd))
         if not subagent:
             # the CLI puts a shell that left the workspace back at the workspace after the call
             self.cwd = shell.cwd if self.inside(shell.cwd) else posixpath.normpath(self.workspace)
@@ -133,8 +138,9 @@ class Session:
     def _walk(self, node: Any, source: str, shell: _Shell) -> None:
         kind = node.kind
         if kind == "list":
-            for part in node.parts:
-                self._walk(part, source, shell)
+            for i, part in enumerate(node.parts):  # a part put in the background runs in a subshell
+                background = i + 1 < len(node.parts) and getattr(node.parts[i + 1], "op", None) == "&"
+                self._walk(part, source, shell.sub() if background else shell)
         elif kind == "pipeline":
             parts = [p for p in node.parts if p.kind != "pipe"]
             for part in parts:  # each part of a pipeline runs in a subshell of its own
@@ -227,14 +233,18 @@ class Session:
         self._candidate(word.word, source[word.pos[0]:word.pos[1]], shell, word, always)
 
     def _candidate(self, text: str, raw: str, shell: _Shell, node: Any, always: bool = False) -> None:
-        """A word that is a path: absolute, under ``~``, ``..``, or relative with a ``/`` (a
-        redirection's target is a path whatever it holds); an option's or assignment's value."""
-        m = _NAME_EQUALS.match(text)
-        value = text[m.end():] if m else text
-        if m and (rm := _NAME_EQUALS.match(raw)):
+        if _NAME_EQUALS.match(text) and (rm := _NAME_EQUALS.match(raw)):
             tilde = raw[rm.end():].startswith("~")  # unquoted after the = (assignments expand it)
         else:
             tilde = any(p.kind == "tilde" and p.pos[0] == node.pos[0] for p in getattr(node, "parts", []) or [])
+        self._consider(text, tilde, shell, always)
+
+    def _consider(self, text: str, tilde: bool, shell: _Shell, always: bool = False) -> None:
+        """A word that is a path: absolute, under ``~``, ``..``, or relative with a ``/`` (a
+        redirection's target is a path whatever it holds); an option's or assignment's value.
+        ``tilde``: a leading ``~`` of the path is the shell's (unquoted)."""
+        m = _NAME_EQUALS.match(text)
+        value = text[m.end():] if m else text
         if not value or not (always or "/" in value or value == ".." or value.startswith("~")):
             return
         if value.startswith("~"):
@@ -242,34 +252,54 @@ class Session:
             value = HOME + sep + rest if tilde else "./" + value
         self._found.append(Named(text[m.end():] if m else text, shell.resolve(value)))
 
-    # --- where bashlex cannot read the command ---
+    # --- words and operators: a plain command, or one bashlex cannot read ---
 
-    def _fallback(self, command: str, shell: _Shell) -> None:
-        """The standard library's shlex: words and operators, a ``cd`` moving the directory for
-        the words after it (a subshell's scope is not seen), a redirection's target a path."""
-        start, target = True, False
-        cd: str | None = None
-        for token in _tokens(without_heredoc_bodies(command) if "<<" in command else command):
-            if token and all(c in _OPERATORS for c in token):
-                if cd is not None:
-                    shell.cd(cd or None)
-                start, target, cd = token.strip("<>&") != "", token.startswith((">", "<")) and token != "<<<", None
+    def _read(self, tokens: list[str], shell: _Shell) -> None:
+        """Words and operators in order: a redirection's target is a path; a command's ``cd`` or
+        ``pushd`` moves the directory for the commands after it, unless a pipeline or ``&`` puts
+        it in a subshell; what opens a subshell (``(``) is not followed."""
+        start, target, piped = True, False, False
+        name, operand = "", None
+
+        def end(operator: str) -> None:
+            nonlocal start, piped, name, operand
+            if name in ("cd", "pushd") and not piped and operator not in ("|", "|&", "&"):
+                shell.cd(operand)
+            start, piped, name, operand = True, operator in ("|", "|&"), "", None
+
+        for token in tokens:
+            if _DUPLICATE.fullmatch(token):  # 2>&1: no target
+                continue
+            if token and all(c in _OPERATORS for c in token.lstrip("0123456789")) and not token.isdigit():
+                if token.lstrip("0123456789").startswith((">", "<")) or token.startswith("&>"):
+                    target = token != "<<<"
+                else:
+                    end(token)
+                continue
+            if target:
+                self._consider(token, token.startswith("~"), shell, always=True)
+                target = False
+                continue
+            if start and _ASSIGNMENT.match(token):
+                self._consider(token, False, shell)
                 continue
             if start:
-                start, cd = False, ("" if token in ("cd", "pushd") else None)
-            elif cd == "" and (token == "-" or not token.startswith("-")):
-                cd = HOME + token[1:] if token.startswith("~") else token
-            m = _NAME_EQUALS.match(token)
-            path = token[m.end():] if m else token
-            if path and (target or path.startswith(("/", "~")) or "/" in path or path == ".."):
-                _, sep, rest = path.partition("/")
-                self._found.append(Named(path, shell.resolve(HOME + sep + rest if path.startswith("~") else path)))
-            target = False
-        if cd is not None:
-            shell.cd(cd or None)
+                start, name = False, token
+            elif name in ("cd", "pushd") and operand is None and (token == "-" or not token.startswith("-")):
+                operand = HOME + token[1:] if token.startswith("~") else token
+            self._consider(token, token.startswith("~"), shell)
+        end("")
 
 
-_OPERATORS = "();<>|&\n"
+# A command the shell reads as words and operators alone: no quote, escape, expansion, ``~``,
+# grouping, here-document, comment or line break (bashlex gives the same for it, held by
+# tests/unit/test_shell_paths.py); it is read without bashlex, whose parser costs a millisecond a
+# command in Python, twice what the rest of a session's transform costs per call.
+_PLAIN = re.compile(r"[\w./:,+@%=*?^ \t|;&<>\[\]-]*")
+_PLAIN_TOKEN = re.compile(r"\d*[<>]&(?:\d+|-)|\d*(?:>>|<>|>\||[<>])|&>>?|&&|\|\||\|&|[|;&]|[^\s|;&<>]+")
+_DUPLICATE = re.compile(r"\d*[<>]&(?:\d+|-)")
+_ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=")
+_OPERATORS = "();<>|&\n"  # what shlex is told are operators
 
 
 def _tokens(command: str) -> list[str]:
@@ -290,11 +320,13 @@ _HEREDOC = re.compile(r"<<-?[ \t]*(?:'([^'\n]*)'|\"([^\"\n]*)\"|\\?([^\s;&|<>()'
 _SCAN = re.compile(r"[\n'\"\\#]|\$?\(\(|\)\)|<<")
 
 
-def without_heredoc_bodies(command: str) -> str:
+def without_heredoc_bodies(command: str, closed: bool = False) -> str:
     """The command without the bodies of its here-documents (from the line after ``<<WORD`` to
     the line that is WORD, leading tabs too for ``<<-``); a body never closed runs to the end.
     ``<<`` counts only where the shell reads it as an operator: not inside quotes, a comment or
-    arithmetic, and not as ``<<<`` (a here-string, which has no body)."""
+    arithmetic, and not as ``<<<`` (a here-string, which has no body). ``closed``: each body's
+    closing line is kept (an empty here-document), so that a parser still reads the command; a
+    parser reads a body a character at a time, and a session's heredoc bodies are long."""
     out: list[str] = []
     pending: list[tuple[str, bool]] = []
     quote = ""
@@ -318,6 +350,8 @@ def without_heredoc_bodies(command: str) -> str:
                         line, i = (command[i:], n) if end < 0 else (command[i:end], end + 1)
                         if (line.lstrip("\t") if strip_tabs else line) == word:
                             break
+                    if closed:
+                        out.append(word + "\n")
                 pending, kept = [], i
         elif token == "\\":
             i += 1

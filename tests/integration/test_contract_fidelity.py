@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fidelity import IDENTITY, events, probe, record, stream_uses, use, write_corpus
+from fidelity import events, plan_of, probe, record, stream_uses, use, write_corpus
 from markdown_it import MarkdownIt
 
 from runner import digest, layout, stream
@@ -119,11 +119,8 @@ def fidelity(tmp_path_factory, claude_command):
     (corpus / "notes").mkdir()
     (corpus / "notes/current.md").symlink_to("../docs/a.md")
     (corpus / "shelf").symlink_to("docs")
-    plan = {"campaign": "fidelity", "tier": "regression", "model": "claude-sonnet-4-5",
-            "identity": IDENTITY,
-            "arms": ["present"], "repetitions": 1, "identifier_pattern": IDENT, "probes": PROBES}
     # 40 s: every other session ends in a few; FID-SLOW's sleep runs into it
-    out = record(root, "fidelity", corpus, plan, SCENARIOS, 40, claude_command)
+    out = record(root, "fidelity", corpus, plan_of("fidelity", PROBES, IDENT), SCENARIOS, 40, claude_command)
     assert out["texts"]["present"], out["report"]
     out["events"] = events(out["texts"]["present"])
     return out

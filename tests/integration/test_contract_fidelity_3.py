@@ -14,7 +14,7 @@ import math
 from decimal import Decimal
 
 import pytest
-from fidelity import IDENTITY, events, probe, record, stream_uses, use, write_corpus
+from fidelity import events, plan_of, probe, record, stream_uses, use, write_corpus
 
 from runner import digest, layout
 from runner.budget import books
@@ -95,9 +95,7 @@ def fidelity3(tmp_path_factory, claude_command):
     root = tmp_path_factory.mktemp("fidelity3")
     corpus = root / "corpus"
     write_corpus(corpus, CORPUS, PROBES)
-    plan = {"campaign": "fidelity3", "tier": "regression", "model": "claude-sonnet-4-5", "identity": IDENTITY,
-            "arms": ["present"], "repetitions": 1, "identifier_pattern": IDENT, "probes": PROBES}
-    out = record(root, "fidelity3", corpus, plan, SCENARIOS, 120, claude_command)
+    out = record(root, "fidelity3", corpus, plan_of("fidelity3", PROBES, IDENT), SCENARIOS, 120, claude_command)
     assert out["texts"]["present"], out["report"]
     out["events"] = events(out["texts"]["present"])
     return out
@@ -189,9 +187,7 @@ def test_an_arm_the_time_limit_cut_everywhere_costs_what_the_gateway_metered(tmp
     corpus = tmp_path / "corpus"
     probes = [probe("HW-PRB-0311", "FID3-SLOW: run out of time.", ANSWERS)]
     write_corpus(corpus, {"docs/a.md": DOC}, probes)
-    plan = {"campaign": "slow", "tier": "regression", "model": "claude-sonnet-4-5", "identity": IDENTITY,
-            "arms": ["present"], "repetitions": 2, "identifier_pattern": IDENT, "probes": probes}
-    out = record(tmp_path, "slow", corpus, plan, SLOW, 25, claude_command)
+    out = record(tmp_path, "slow", corpus, plan_of("slow", probes, IDENT, repetitions=2), SLOW, 25, claude_command)
     assert out["texts"]["present"] is not None, out["report"].refusals
     identity = parse_transcript(out["texts"]["present"]).identity
     metered = [json.loads(out["store"].get(layout.SessionKeys("slow", "HW-PRB-0311", s).capture))["gateway"]
@@ -211,9 +207,7 @@ def test_an_arm_whose_cost_nobody_knows_is_refused_with_the_reason(tmp_path, cla
     corpus = tmp_path / "corpus"
     probes = [probe("HW-PRB-0312", "FID3-SLOW: run out of time, unmetered.", ANSWERS)]
     write_corpus(corpus, {"docs/a.md": DOC}, probes)
-    plan = {"campaign": "unmetered", "tier": "regression", "model": "claude-sonnet-4-5", "identity": IDENTITY,
-            "arms": ["present"], "repetitions": 1, "identifier_pattern": IDENT, "probes": probes}
-    out = record(tmp_path, "unmetered", corpus, plan, SLOW, 20, claude_command, gateway={"enabled": False})
+    out = record(tmp_path, "unmetered", corpus, plan_of("unmetered", probes, IDENT), SLOW, 20, claude_command, gateway={"enabled": False})
     assert out["texts"]["present"] is None
     (refusal,) = [r for r in out["report"].refusals if r["scope"] == "transcript"]
     assert refusal["reason"] == ("identity: the run identity lacks cost_cents (the cost of none of its 1 "

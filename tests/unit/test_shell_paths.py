@@ -11,6 +11,7 @@ import posixpath
 import re
 import subprocess
 
+import bashlex
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -147,3 +148,24 @@ def test_a_stripped_word_names_the_same_file_from_the_workspace(words):
 ])
 def test_the_workspace_prefix_goes_and_the_word_still_names_the_file(command, stripped):
     assert _Paths(WS).strip(command) == stripped
+
+
+PLAIN_WORDS = ["cd", "pushd", "ls", "cat", "docs", "..", "../x", "../../y", "/etc/x", "/workspace/docs", "a/b", "-n", "-",
+               "--", "--opt=/tmp/y", "X=/v", "X=../w", "*.md", "docs/*.md", "2>&1", ">", ">>", "<", "2>", "&>", "|", ";",
+               "&&", "||", "&"]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.lists(st.lists(st.sampled_from(PLAIN_WORDS), min_size=1, max_size=7), min_size=1, max_size=3))
+def test_a_plain_command_read_as_words_is_what_bashlex_reads(commands):
+    """A command of plain words and operators is read without bashlex (a millisecond a command):
+    the paths it names and where it leaves the shell are the parser's, call after call."""
+    texts = [" ".join(c) for c in commands]
+    fast, parsed = Session(WS, inside), Session(WS, inside)
+    for text in texts:
+        try:
+            bashlex.parse(text)
+        except Exception:  # not a command bash would run either (a dangling operator): nothing to compare
+            return
+        assert [(n.text, n.resolved) for n in fast.named(text)] == [(n.text, n.resolved) for n in parsed.named(text, parse=True)], text
+        assert fast.cwd == parsed.cwd, text
