@@ -112,8 +112,9 @@ class Session:
         """``parse``: bashlex reads the command even where its words are plain (see _PLAIN)."""
         shell = _Shell(self.cwd, self.cwd)
         self._found = []
-        if not parse and _PLAIN.fullmatch(command) and "ln" not in _PLAIN_TOKEN.findall(command):
-            self._read(_PLAIN_TOKEN.findall(command), shell)
+        words = _plain(command) if not parse else None
+        if words is not None:
+            self._read(words, shell, tilde=False)
         else:
             if "<<" in command:
                 command = _blank_heredoc_quotes(without_heredoc_bodies(command, closed=True))
@@ -123,7 +124,7 @@ class Session:
             except (bashlex.errors.ParsingError, NotImplementedError, AttributeError, IndexError, TypeError, ValueError,
                     RecursionError, AssertionError, KeyError):
                 self._found = []
-                self._read(_tokens(command), _Shell(self.cwd, self.cwd))
+                self._read(_tokens(command), _Shell(self.cwd, self.cwd), tilde=True)
         if not subagent:
             # the CLI puts a shell that left the workspace back at the workspace after the call
             self.cwd = shell.cwd if self.inside(shell.cwd) else posixpath.normpath(self.workspace)
@@ -182,6 +183,8 @@ class Session:
 
     def _command(self, node: Any, source: str, shell: _Shell) -> None:
         words = [p for p in node.parts if p.kind == "word"]
+        while words and _ASSIGNMENT.match(words[0].word):  # bashlex reads X=1 after a redirection as a word: bash does not
+            words = words[1:]
         name, args = (words[0].word, words[1:]) if words else ("", [])
         linked = self._link_targets(args, source, shell) if name == "ln" and any(_SYMBOLIC.fullmatch(a.word) for a in args) else {}
         for part in node.parts:
@@ -254,10 +257,11 @@ class Session:
 
     # --- words and operators: a plain command, or one bashlex cannot read ---
 
-    def _read(self, tokens: list[str], shell: _Shell) -> None:
+    def _read(self, tokens: list[str], shell: _Shell, tilde: bool) -> None:
         """Words and operators in order: a redirection's target is a path; a command's ``cd`` or
         ``pushd`` moves the directory for the commands after it, unless a pipeline or ``&`` puts
-        it in a subshell; what opens a subshell (``(``) is not followed."""
+        it in a subshell; what opens a subshell (``(``) is not followed. ``tilde``: a word's
+        leading ``~`` is the home directory (the words' quoting is not known)."""
         start, target, piped = True, False, False
         name, operand = "", None
 
@@ -270,14 +274,15 @@ class Session:
         for token in tokens:
             if _DUPLICATE.fullmatch(token):  # 2>&1: no target
                 continue
-            if token and all(c in _OPERATORS for c in token.lstrip("0123456789")) and not token.isdigit():
+            if token and all(c in _OPERATORS for c in token.lstrip("0123456789")) and not token.isdigit():  # \n too
                 if token.lstrip("0123456789").startswith((">", "<")) or token.startswith("&>"):
                     target = token != "<<<"
                 else:
                     end(token)
                 continue
+            home = tilde and token.startswith("~")
             if target:
-                self._consider(token, token.startswith("~"), shell, always=True)
+                self._consider(token, home, shell, always=True)
                 target = False
                 continue
             if start and _ASSIGNMENT.match(token):
@@ -286,17 +291,34 @@ class Session:
             if start:
                 start, name = False, token
             elif name in ("cd", "pushd") and operand is None and (token == "-" or not token.startswith("-")):
-                operand = HOME + token[1:] if token.startswith("~") else token
-            self._consider(token, token.startswith("~"), shell)
+                operand = HOME + token[1:] if home else "./" + token if token.startswith("~") else token
+            self._consider(token, home, shell)
         end("")
 
 
-# A command the shell reads as words and operators alone: no quote, escape, expansion, ``~``,
-# grouping, here-document, comment or line break (bashlex gives the same for it, held by
-# tests/unit/test_shell_paths.py); it is read without bashlex, whose parser costs a millisecond a
-# command in Python, twice what the rest of a session's transform costs per call.
-_PLAIN = re.compile(r"[\w./:,+@%=*?^ \t|;&<>\[\]-]*")
-_PLAIN_TOKEN = re.compile(r"\d*[<>]&(?:\d+|-)|\d*(?:>>|<>|>\||[<>])|&>>?|&&|\|\||\|&|[|;&]|[^\s|;&<>]+")
+# A command the shell reads as words and operators alone: no escape, expansion, unquoted ``~``,
+# grouping or comment, no double quotes around a ``$``, backtick, backslash or ``!`` (bashlex gives
+# the same for it, held by tests/unit/test_shell_paths.py); it is read without bashlex, whose
+# parser costs a millisecond a command in Python, twice what the rest of a session's transform
+# costs per call.
+_QUOTED = "'[^']*'|\"[^\"$`\\\\!]*\""
+_PLAIN = re.compile(r"(?:[\w./:,+@%=*?^ \t\n|;&<>\[\]-]|" + _QUOTED + ")*")
+_PLAIN_TOKEN = re.compile(r"\d*[<>]&(?:\d+|-)|\d*(?:>>|<>|>\||[<>])|&>>?|&&|\|\||\|&|[|;&\n]|(?:[^\s|;&<>'\"]+|" + _QUOTED + ")+")
+_QUOTES = re.compile(_QUOTED)
+
+
+def _plain(command: str) -> list[str] | None:
+    """The words (unquoted) and operators of a plain command (here-documents aside: a body is
+    text and a delimiter no path), or None where bashlex must read it (see _PLAIN; ``ln``, whose
+    link targets it reads)."""
+    if "<<" in command:
+        if "<<<" in command:
+            return None
+        command = _HEREDOC.sub(" ", without_heredoc_bodies(command))
+    if not _PLAIN.fullmatch(command):
+        return None
+    words = [_QUOTES.sub(lambda q: q.group(0)[1:-1], w) if "'" in w or '"' in w else w for w in _PLAIN_TOKEN.findall(command)]
+    return None if "ln" in words else words
 _DUPLICATE = re.compile(r"\d*[<>]&(?:\d+|-)")
 _ASSIGNMENT = re.compile(r"[A-Za-z_]\w*=")
 _OPERATORS = "();<>|&\n"  # what shlex is told are operators
