@@ -96,6 +96,7 @@ class ModelPrice(BaseModel):
     output: Decimal = Field(ge=0)
     cache_write: Decimal = Field(ge=0)
     cache_read: Decimal = Field(ge=0)
+    cache_write_1h: Decimal | None = Field(None, ge=0)  # the 1-hour cache's writes; None: twice input, the list price
 
 
 def _price(i: str, o: str, w: str, r: str) -> ModelPrice:
@@ -119,6 +120,11 @@ DEFAULT_PRICES = {
 }
 
 
+# The anthropic-beta values the CLI 2.1.197 sends (seen through the scripted provider's record).
+CLI_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "thinking-token-count-2026-05-13",
+             "context-management-2025-06-27", "prompt-caching-scope-2026-01-05"]
+
+
 class GatewaySettings(BaseModel):
     """The provider gateway (runner/gateway/): the one holder of the provider key."""
 
@@ -128,6 +134,11 @@ class GatewaySettings(BaseModel):
     read_timeout_seconds: float = Field(600.0, gt=0, description="Longest silence of the provider within one answer, in seconds. Default: 600.")
     port: int = Field(8080, ge=1, le=65535, description="Port the in-cluster gateway (`probe-runner gateway`, the chart's gateway Deployment) listens on; its Service and the session pods' NetworkPolicy use the same. Default: 8080.")
     token_secret: SecretStr | None = Field(None, description="The key tokens are signed with (HMAC-SHA256), shared by the in-cluster gateway and the controller alone: the chart's gateway Secret (key token-secret), given to the gateway as RUNNER_GATEWAY__TOKEN_SECRET. Default: none: the controller reads the Secret kube.gateway_secret (a local run makes a secret of its own).")
+    models: list[str] = Field(default_factory=list, description="Models a session may call besides the campaign's own (the plan's model, in its token). Default: none.")
+    betas: list[str] = Field(default_factory=lambda: list(CLI_BETAS), description=f"The anthropic-beta values a session may send: those the pinned CLI sends. A request naming another is refused (the 1M-token context beta, whose premium is not priced, among them). Default: {' '.join(CLI_BETAS)}.")
+    max_tokens: int = Field(64000, gt=0, description="The most output one call may ask for (max_tokens); more is refused. The CLI 2.1.197 asks for 32000 with Sonnet 4.5. Default: 64000.")
+    context_tokens: int = Field(200000, gt=0, description="The models' context window in tokens: no call's input is larger, so it bounds what a call can cost (with the 1M-token beta refused). Default: 200000.")
+    max_body_bytes: int = Field(8 << 20, gt=0, description="The largest request body the gateway reads, in bytes, checked as it is read (after the token, the path and the session's limit); a larger one is refused with 413. Default: 8388608 (8 MiB).")
     drain_seconds: float = Field(25.0, ge=0, description="Time the in-cluster gateway lets open calls finish when it is stopped (a rollout, a drain), in seconds; calls cut then are retried by the CLI, and each counts at budget.call_usd. The chart's terminationGracePeriodSeconds is this plus 5. Default: 25.")
 
 

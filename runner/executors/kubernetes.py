@@ -166,7 +166,7 @@ class KubernetesExecutor:
             slot: Slot) -> CaptureRecord:
         assert self.cache is not None and self.route is not None, "preflight() and prepare() first"
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
-                                         self._route_of(keys))
+                                         self._route_of(keys, plan.model))
         name = manifest["metadata"]["name"]
         checks_before = self.monitor.count() if self.monitor is not None else 0
         self.waiting.bind(store, plan.campaign)
@@ -231,7 +231,7 @@ class KubernetesExecutor:
             **({"gateway": metered} if metered is not None else {}),
         }
 
-    def _route_of(self, keys: SessionKeys) -> manifests.Route:
+    def _route_of(self, keys: SessionKeys, model: str) -> manifests.Route:
         """The route of one attempt's pod: through the gateway, with a token of this attempt that
         expires with the pod's deadline (the gateway serves it only while the pod runs, and
         its harness has not ended)."""
@@ -241,7 +241,7 @@ class KubernetesExecutor:
         b = self.settings.budget
         claims = tokens.Claims(keys.campaign, keys.probe, keys.session, keys.attempt,
                                int(time.time()) + manifests.session_deadline(self.settings),
-                               None if b.session_usd is None else str(b.session_usd), str(b.call_usd))
+                               None if b.session_usd is None else str(b.session_usd), str(b.call_usd), model)
         return manifests.Route(self.route.base_url, token=tokens.mint(self.token_secret, claims))
 
     def _meter(self, pod: str) -> dict:

@@ -265,7 +265,7 @@ class LocalExecutor:
         adopted: a session whose runner died died with it."""
         s = self.settings
         if s.gateway.enabled and s.provider.api_key is not None and self.gateway is None:
-            self.gateway = LocalGateway(s, plan.campaign).__enter__()
+            self.gateway = LocalGateway(s, plan.campaign, plan.model).__enter__()
         return set()
 
     def finish(self, keys: SessionKeys) -> None:

@@ -274,7 +274,7 @@ def serve(settings: Settings) -> None:
                       s.gateway.token_secret.get_secret_value().encode(), s.gateway.prices,
                       connect_timeout=s.gateway.connect_timeout_seconds, read_timeout=s.gateway.read_timeout_seconds,
                       ended=pods.ended, changed=meters.changed, carried=meters.carried, persisted=meters.kept,
-                      ca_file=ca_file)
+                      ca_file=ca_file, policy=s.gateway)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

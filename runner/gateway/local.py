@@ -36,15 +36,16 @@ def check_upstream(base_url: str) -> None:
 class LocalGateway:
     """A running gateway and its secret; a context manager around the serving thread."""
 
-    def __init__(self, settings: Settings, campaign: str) -> None:
+    def __init__(self, settings: Settings, campaign: str, model: str) -> None:
         assert settings.provider.api_key is not None, "the gateway holds provider.api_key"
         check_upstream(settings.provider.base_url)
         g = settings.gateway
         self.settings = settings
+        self.model = model
         self.secret = tokens.new_secret()
         self.gateway = Gateway(settings.provider.base_url, settings.provider.api_key.get_secret_value(), self.secret,
                                g.prices, campaigns=[campaign], connect_timeout=g.connect_timeout_seconds,
-                               read_timeout=g.read_timeout_seconds)
+                               read_timeout=g.read_timeout_seconds, policy=g)
         self._thread = GatewayThread(self.gateway)
 
     @property
@@ -60,12 +61,12 @@ class LocalGateway:
 
     def token(self, keys: SessionKeys, lifetime: float) -> str:
         """A token of this attempt, valid ``lifetime`` seconds, limited to the session's budget
-        (budget.session_usd, each call in flight counted at budget.call_usd)."""
+        (budget.session_usd, each call's bound at most budget.call_usd) and the campaign's model."""
         b = self.settings.budget
         limit: Decimal | None = b.session_usd
         return tokens.mint(self.secret, tokens.Claims(
             keys.campaign, keys.probe, keys.session, keys.attempt, int(time.time() + lifetime),
-            None if limit is None else str(limit), str(b.call_usd)))
+            None if limit is None else str(limit), str(b.call_usd), self.model))
 
     def revoke(self, keys: SessionKeys) -> None:
         self.gateway.revoke((keys.campaign, keys.probe, keys.session, keys.attempt))

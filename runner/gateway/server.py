@@ -3,13 +3,21 @@ the provider key.
 
 A request is served when its token (``x-api-key`` or ``Authorization: Bearer``, where the CLI
 puts ANTHROPIC_API_KEY or ANTHROPIC_AUTH_TOKEN) verifies, names a campaign this gateway serves
-and an attempt not revoked, its path is one the CLI uses, and its session has not spent its
-limit at the gateway. It is then forwarded to the provider with the key in place of the token,
-and the answer (status, headers, body; server-sent events chunk by chunk, unbuffered) comes
-back unchanged, so the stream and its costs stay the provider's. Each answer's usage fields
-(``message_start``/``message_delta`` events, or a JSON body's ``usage``) are metered per
-attempt and priced with ``gateway.prices``. A refusal is answered in the Messages API's error
-shape, and its reason is logged with the attempt it names.
+and an attempt not revoked, its path is one the CLI uses, and its session has room left under
+its limit: all checked before its body is read. The body is then read up to
+``gateway.max_body_bytes`` and held to the request policy (runner/gateway/policy.py: the
+campaign's model, client-side tools only, the CLI's betas, ``max_tokens`` bounded), and the
+most the call can cost (its bound) is reserved against the session's limit before it is
+forwarded to the provider with the key in place of the token. The answer (status, headers, body;
+server-sent events chunk by chunk, unbuffered) comes back unchanged, so the stream and its
+costs stay the provider's; only the CLI's own headers are passed on.
+
+The call is settled with the usage the provider's answer states (``message_start`` and
+``message_delta`` events, or a JSON body's ``usage``), read to the answer's end whatever the
+client does: a session that drops its connection, or cuts a stream before its last event, does
+not end the gateway's reading. An answer the provider itself cut short settles at the bound. So
+a session spends no more than its limit plus one call's bound, whatever it sends. A refusal is
+answered in the Messages API's error shape, and its reason is logged with the attempt it names.
 """
 
 from __future__ import annotations
@@ -28,8 +36,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from runner.gateway import policy
 from runner.gateway.tokens import LIMIT_SPENT, Claims, TokenError, verify
-from runner.settings import ModelPrice
+from runner.settings import GatewaySettings, ModelPrice
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +46,12 @@ log = logging.getLogger(__name__)
 ALLOWED = {("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")}
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length"}
-CREDENTIALS = {"x-api-key", "authorization"}
+# The request headers passed on: those the CLI sends (anthropic-beta once checked), no others.
+FORWARDED = {"accept", "content-type", "user-agent", "anthropic-version", "anthropic-beta",
+             "anthropic-dangerous-direct-browser-access", "x-app", "x-claude-code-session-id"}
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-MILLION = Decimal(1_000_000)
 SHUTDOWN_SECONDS = 5.0  # what calls still open get when a run's gateway stops
 
-
-
-def cost(price: ModelPrice, usage: dict[str, int]) -> Decimal:
-    """US dollars of one answer's usage at ``price`` (per million tokens)."""
-    return (price.input * usage.get("input_tokens", 0) + price.output * usage.get("output_tokens", 0)
-            + price.cache_write * usage.get("cache_creation_input_tokens", 0)
-            + price.cache_read * usage.get("cache_read_input_tokens", 0)) / MILLION
 
 
 def price_of(prices: Mapping[str, ModelPrice], model: str | None) -> ModelPrice | None:
@@ -69,6 +72,7 @@ class Meter:
     unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
     refused: int = 0
     in_flight: int = 0  # calls forwarded and not yet answered whole
+    reserved: Decimal = Decimal(0)  # the bounds of the calls in flight
     # What other gateway pods metered of the attempt (a call in flight at call_usd), read once
     # before its first call here; None: not read yet (or not asked: a local run's gateway).
     carried: Decimal | None = None
@@ -80,7 +84,7 @@ class Meter:
     def state(self) -> dict[str, Any]:
         """What this gateway metered, and the calls it has in flight: kept where another replica
         (or this one, restarted) can read it."""
-        return {**self.record(), "in_flight": self.in_flight}
+        return {**self.record(), "in_flight": self.in_flight, "reserved_usd": format(self.reserved.normalize(), "f")}
 
 
 class UsageReader:
@@ -90,7 +94,8 @@ class UsageReader:
     def __init__(self, event_stream: bool) -> None:
         self.event_stream = event_stream
         self.model: str | None = None
-        self.usage: dict[str, int] = {}
+        self.usage: dict[str, Any] = {}
+        self.complete = False  # the answer's end was read: its last usage stands
         self._rest = b""
         self._body: list[bytes] = []
 
@@ -117,12 +122,19 @@ class UsageReader:
             self._take(event["message"].get("usage"))
         elif event.get("type") == "message_delta":
             self._take(event.get("usage"))  # cumulative counts: the last one stands
+        elif event.get("type") == "message_stop":
+            self.complete = True
 
     def _take(self, usage: Any) -> None:
         if isinstance(usage, dict):
             self.usage.update({k: v for k, v in usage.items() if k in USAGE_FIELDS and isinstance(v, int)})
+            if isinstance(usage.get("cache_creation"), dict):
+                self.usage["cache_creation"] = usage["cache_creation"]
 
-    def close(self) -> None:
+    def close(self, status: int) -> None:
+        """The answer was read to its end (``status``: its HTTP status): an event stream is whole
+        where its message_stop came; a JSON body where it reads, and an error answer, which the
+        provider does not bill, where it is an error."""
         if self.event_stream:
             self._line(self._rest)
             return
@@ -133,6 +145,7 @@ class UsageReader:
         if isinstance(body, dict):
             self.model = body.get("model") if isinstance(body.get("model"), str) else None
             self._take(body.get("usage"))
+            self.complete = status >= 400 or isinstance(body.get("usage"), dict)
 
 
 def _error(status: int, kind: str, message: str) -> web.Response:
@@ -158,8 +171,10 @@ class Gateway:
                  read_timeout: float = 600.0, ended: Callable[[Claims], str | None] | None = None,
                  changed: Callable[[Claims, dict[str, Any]], None] | None = None,
                  carried: Callable[[Claims], Decimal] | None = None,
-                 persisted: Callable[[Claims], None] | None = None, ca_file: str | None = None) -> None:
+                 persisted: Callable[[Claims], None] | None = None, ca_file: str | None = None,
+                 policy: GatewaySettings | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.policy = policy or GatewaySettings.model_validate({"prices": dict(prices)})
         self.key = key
         self.secret = secret
         self.prices = prices
@@ -203,7 +218,7 @@ class Gateway:
 
     # -- the server ---------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        app = web.Application(client_max_size=self.policy.max_body_bytes)
         app.router.add_route("*", "/{tail:.*}", self.handle)
         app.on_startup.append(self._open)
         app.on_shutdown.append(self._close)  # first: calls still open end now, not at the shutdown timeout
@@ -258,14 +273,7 @@ class Gateway:
             return self._refuse(request, claims, 401, "authentication_error", f"token refused: {ended}")
         if (request.method, request.path) not in ALLOWED:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
-        body = await request.read()
         metered = request.path == "/v1/messages"  # count_tokens is free
-        if metered and claims.limit() is not None:
-            model = _model_of(body)
-            if price_of(self.prices, model) is None:
-                return self._refuse(request, claims, 400, "invalid_request_error",
-                                    f"model {model!r} has no price at the gateway (gateway.prices), so its calls could not "
-                                    "be held to the session's limit")
         if metered and self.carried is not None:
             with self._lock:
                 unread = self.meters.setdefault(claims.attempt_key, Meter()).carried is None
@@ -274,110 +282,165 @@ class Gateway:
                 with self._lock:
                     meter = self.meters[claims.attempt_key]
                     meter.carried = carried if meter.carried is None else meter.carried
-        if metered and not self._admit(claims):
-            meter = self.meters[claims.attempt_key]
-            return self._refuse(request, claims, 403, "permission_error",
-                                f"{LIMIT_SPENT} (${claims.limit()}; ${(meter.carried or 0) + meter.usd} metered, {meter.in_flight} call(s) in flight "
-                                f"at up to ${claims.call()} each)")
-        flight = _Flight(self, claims, metered)
+        if metered and not self._room(claims):  # before the body is read: a spent session sends nothing more
+            return self._spent(request, claims)
+        try:
+            body = await request.read()  # at most gateway.max_body_bytes: past it aiohttp answers 413
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(request, claims, 413, "request_too_large",
+                                f"the body is over gateway.max_body_bytes ({self.policy.max_body_bytes} bytes)")
+        try:
+            call = policy.check(self.policy, claims.model, body, request.headers.get("anthropic-beta"),
+                                request.rel_url.raw_query_string, counting=not metered)
+        except policy.Refused as e:
+            return self._refuse(request, claims, 400, "invalid_request_error", str(e))
+        bound = Decimal(0)
+        if metered:
+            price = price_of(self.prices, call.model)
+            if price is None and claims.limit() is not None:
+                return self._refuse(request, claims, 400, "invalid_request_error",
+                                    f"model {call.model!r} has no price at the gateway (gateway.prices), so its calls could not "
+                                    "be held to the session's limit")
+            bound = policy.bound(price, call, self.policy.context_tokens) if price is not None else Decimal(0)
+            if claims.limit() is not None and bound > claims.call():
+                return self._refuse(request, claims, 400, "invalid_request_error",
+                                    f"one call could cost up to ${bound:.6f} ({call.max_tokens} output tokens, a body of "
+                                    f"{call.body_bytes} bytes), over the ${claims.call()} a call may add past the session's limit "
+                                    "(budget.call_usd)")
+            if not self._admit(claims, bound):
+                return self._spent(request, claims)
+        flight = _Flight(self, claims, metered, bound, call.one_hour_cache)
+        forward: asyncio.Future[web.StreamResponse] | None = None
         try:
             if metered and self.persisted is not None:
                 try:
                     await asyncio.to_thread(self.persisted, claims)
                 except Exception as e:  # noqa: BLE001 - not forwarded: the CLI retries a 503
                     log.error("%s: the call could not be kept before forwarding it: %s: %s", claims.name, type(e).__name__, e)
+                    flight.end(None, reached=False)
                     return _error(503, "api_error", "probe-runner gateway: the call could not be metered; try again")
-            return await self._forward(request, claims, body, flight)
+            # the reading runs on whatever the client does (a session gone mid-answer cancels
+            # nothing): the call settles at the provider's own usage
+            forward = asyncio.ensure_future(self._forward(request, claims, body, flight))
+            return await asyncio.shield(forward)
         finally:
-            flight.end(None)  # cut short before its answer was read (a no-op once ended)
+            if forward is None or forward.done():  # else the forward reads on, and settles the call itself
+                flight.end(None)  # cut short before an answer was read: at its bound (a no-op once ended)
 
-    def _admit(self, claims: Claims) -> bool:
-        """Whether a call may start: what is metered, and what the calls in flight may still add
-        (budget.call_usd each), have not reached the session's limit. So concurrent calls of one
-        session (its Bash's background side calls) cannot together pass limit + one call."""
+    def _room(self, claims: Claims) -> bool:
+        """Whether the session has anything left under its limit: metered, the bounds of its calls
+        in flight, and what other gateways metered of it."""
         limit = claims.limit()
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
-            if limit is not None and (meter.carried or 0) + meter.usd + meter.in_flight * claims.call() >= limit:
+            return limit is None or (meter.carried or 0) + meter.usd + meter.reserved < limit
+
+    def _spent(self, request: web.Request, claims: Claims) -> web.Response:
+        meter = self.meters[claims.attempt_key]
+        return self._refuse(request, claims, 403, "permission_error",
+                            f"{LIMIT_SPENT} (${claims.limit()}; ${(meter.carried or 0) + meter.usd} metered, {meter.in_flight} call(s) in flight "
+                            f"with ${meter.reserved} reserved)")
+
+    def _admit(self, claims: Claims, bound: Decimal) -> bool:
+        """Whether a call may start, its bound reserved: the session still has room (_room). So
+        its calls together, however many at once, spend at most its limit plus one call's bound."""
+        limit = claims.limit()
+        with self._lock:
+            meter = self.meters.setdefault(claims.attempt_key, Meter())
+            if limit is not None and (meter.carried or 0) + meter.usd + meter.reserved >= limit:
                 return False
             meter.in_flight += 1
+            meter.reserved += bound
         self._changed(claims)
         return True
 
     async def _forward(self, request: web.Request, claims: Claims, body: bytes, flight: _Flight) -> web.StreamResponse:
         assert self._client is not None
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in HOP_BY_HOP | CREDENTIALS and k.lower() != "accept-encoding"}
+        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED or k.lower().startswith("x-stainless-")}
         headers["x-api-key"] = self.key
         headers["accept-encoding"] = "identity"  # metered as it passes: no compressed answer
-        url = self.upstream + request.rel_url.path_qs
+        query = request.rel_url.raw_query_string  # as sent: the policy checked these bytes
+        url = self.upstream + request.path + (f"?{query}" if query else "")
         started = time.monotonic()
         try:
             upstream = await self._client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
-        except (TimeoutError, aiohttp.ClientError) as e:
+        except aiohttp.ClientConnectorError as e:
             log.warning("upstream %s unreachable for %s: %s", url, claims.name, e)
+            flight.end(None, reached=False)  # the request never left: nothing to pay
+            return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
+        except (TimeoutError, aiohttp.ClientError) as e:
+            log.warning("upstream %s failed for %s: %s", url, claims.name, e)
             return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
         reader = UsageReader("text/event-stream" in upstream.headers.get("content-type", ""))
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in upstream.headers.items():
             if k.lower() not in HOP_BY_HOP:
                 response.headers.add(k, v)
-        sent = 0
+        sent, client = 0, True
         try:
-            await response.prepare(request)
+            try:
+                await response.prepare(request)
+            except (ConnectionError, RuntimeError, aiohttp.ClientConnectionResetError):
+                client = False
             async for chunk in upstream.content.iter_any():
                 reader.feed(chunk)
-                await response.write(chunk)
-                sent += len(chunk)
+                if client:
+                    try:
+                        await response.write(chunk)
+                        sent += len(chunk)
+                    except (ConnectionError, RuntimeError, aiohttp.ClientConnectionResetError):
+                        client = False  # the session went: the answer is still read to its end
+            reader.close(upstream.status)
             flight.end(reader)  # before the end reaches the session: its next call sees it
-            await response.write_eof()
+            if client:
+                await response.write_eof()
+        except (ConnectionError, RuntimeError, aiohttp.ClientConnectionResetError):
+            pass  # the session went at the very end: nothing more to send
         finally:
             upstream.release()
-            flight.end(reader)  # cut short: what passed is counted
-            log.info("%s %s %s -> %s, %d bytes in %.3f s, usage %s", claims.name, request.method, request.path,
-                     upstream.status, sent, time.monotonic() - started, reader.usage)
+            flight.end(reader)  # the provider's answer was cut short: at the bound
+            log.info("%s %s %s -> %s, %d bytes in %.3f s, usage %s%s", claims.name, request.method, request.path,
+                     upstream.status, sent, time.monotonic() - started, reader.usage, "" if client else " (the session went)")
         return response
 
-    def _count(self, claims: Claims, reader: UsageReader | None) -> None:
-        """A metered call is over (``reader``: what its answer said; None: no answer): its
-        usage counts and it is no longer in flight."""
+    def _count(self, claims: Claims, reader: UsageReader | None, bound: Decimal, one_hour: bool, reached: bool) -> None:
+        """A metered call is over: it settles at its answer's usage where the answer was read
+        whole, at nothing where the request never reached the provider, else at its bound."""
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
             meter.in_flight -= 1
-            if reader is not None:
+            meter.reserved -= bound
+            if not reached:
+                pass
+            elif reader is not None and reader.complete:
                 price = price_of(self.prices, reader.model)
                 meter.calls += 1
                 for k, v in reader.usage.items():
-                    meter.usage[k] = meter.usage.get(k, 0) + v
+                    if isinstance(v, int):
+                        meter.usage[k] = meter.usage.get(k, 0) + v
                 if price is not None:
-                    meter.usd += cost(price, reader.usage)
+                    meter.usd += policy.cost(price, reader.usage, one_hour)
                 elif reader.usage:
                     meter.unpriced.add(reader.model or "(none)")
+            else:
+                meter.calls += 1
+                meter.usd += bound
+                log.warning("%s: a call's answer was cut short (%s): metered at its bound, $%s", claims.name,
+                            "usage so far " + json.dumps(reader.usage) if reader is not None else "no answer", bound)
         self._changed(claims)
 
 
 class _Flight:
     """One forwarded call, ended exactly once on every path (answered, cut short, the upstream
-    unreachable, the client gone): a metered call then counts and leaves the in-flight tally."""
+    unreachable, the client gone): a metered call then settles and leaves the in-flight tally."""
 
-    def __init__(self, gateway: Gateway, claims: Claims, metered: bool) -> None:
-        self.gateway, self.claims, self.open = gateway, claims, metered
+    def __init__(self, gateway: Gateway, claims: Claims, metered: bool, bound: Decimal, one_hour: bool) -> None:
+        self.gateway, self.claims, self.open, self.bound, self.one_hour = gateway, claims, metered, bound, one_hour
 
-    def end(self, reader: UsageReader | None) -> None:
+    def end(self, reader: UsageReader | None, reached: bool = True) -> None:
         if self.open:
             self.open = False
-            if reader is not None:
-                reader.close()
-            self.gateway._count(self.claims, reader)
-
-
-def _model_of(body: bytes) -> str | None:
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    model = doc.get("model") if isinstance(doc, dict) else None
-    return model if isinstance(model, str) else None
+            self.gateway._count(self.claims, reader, self.bound, self.one_hour, reached)
 
 
 class GatewayThread:

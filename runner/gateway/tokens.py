@@ -43,6 +43,7 @@ class Claims:
     expires: int                 # Unix seconds: the attempt's deadline
     limit_usd: str | None = None  # the session's limit: no call starts once it is spent (None: no limit)
     call_usd: str | None = None   # the most one call can cost: what a call in flight may still add
+    model: str | None = None      # the campaign's model: the one a call may name (None: any the gateway prices)
     nonce: str = ""              # random: two tokens of one attempt differ
 
     @property
@@ -69,7 +70,15 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """Strict: only the URL-safe alphabet, no padding, and the one encoding of its bytes (a
+    lenient decoder ignores stray characters, so many strings would carry one MAC)."""
+    try:
+        data = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+    except (ValueError, TypeError):
+        raise ValueError("not URL-safe base64") from None
+    if _b64(data) != text:
+        raise ValueError("not the canonical encoding")
+    return data
 
 
 def mint(secret: bytes, claims: Claims) -> str:

@@ -48,7 +48,7 @@ KEY = "demo-key"
 SIDE_SCENARIOS = {"scenarios": [
     {"name": "side", "match": SIDE, "model": MODEL, "usage": {"input_tokens": 100000, "output_tokens": 1000},
      "turns": [{"text": "side answer"}]}]}  # $0.315 a call at Sonnet's list price
-SIDE_BODY = json.dumps({"model": MODEL, "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+SIDE_BODY = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
                         "messages": [{"role": "user", "content": SIDE}]}).encode()
 
 
@@ -163,7 +163,7 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
             assert meter == {"calls": 1, "usage": {"input_tokens": 100000, "output_tokens": 1000,
                                                    "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
                              "cost_usd": "0.315", "unpriced_models": [], "refused": len(answers),  # the calls before
-                             "in_flight": 0, "call_usd": "0.5"}
+                             "in_flight": 0, "reserved_usd": "0", "call_usd": "0.5"}
             owner = client.CoordinationV1Api(kube_cluster.api_client()).read_namespaced_lease(pod, namespace)
             assert [(o.kind, o.name) for o in owner.metadata.owner_references] == [("Pod", pod)]
             kube.delete_pod(pod, grace_seconds=0)

@@ -3,10 +3,11 @@ the local executor, the real Claude Code CLI and the scripted provider.
 
 Issue 15: "No session starts whose reservation would take spent + reserved past the campaign
 budget. So realized spend <= budget holds by construction ... and a restarted or resumed
-campaign keeps the same books." The demo's status-of-0052 scenario answers three times, each
-1200 input and 80 output tokens of claude-sonnet-4-5, which the CLI prices at $0.0048: a whole
-session costs $0.0144. With --session-budget-usd 0.02 and budget.call_usd 0.005 (more than
-one call) a session reserves $0.025.
+campaign keeps the same books." The demo's status-of-0052 scenario answers three times, here each
+50,000 input and 80 output tokens of claude-sonnet-4-5, which the CLI prices at $0.1512: a whole
+session costs $0.4536. A CLI call may cost up to about $0.70 (its bound at the gateway: a 58 kB
+body and 32,000 output tokens), so budget.call_usd is $0.75; with --session-budget-usd 0.5 a
+session reserves $1.25.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from runner.ledger import Ledger
 from runner.store.file import FileStore
 
 FAULTS = Path(__file__).parents[1] / "faults.py"
-SESSION_COST = Decimal("0.0144")  # three answers at $0.0048
-RESERVATION = Decimal("0.025")    # --session-budget-usd 0.02 + budget.call_usd 0.005
+ANSWER_COST = Decimal("0.1512")  # 50,000 input and 80 output tokens at $3 and $15 per million
+SESSION_COST = 3 * ANSWER_COST
+RESERVATION = Decimal("1.25")    # --session-budget-usd 0.5 + budget.call_usd 0.75
 
 
 def _plan(tmp_path: Path, repetitions: int) -> Path:
@@ -44,11 +46,14 @@ def _plan(tmp_path: Path, repetitions: int) -> Path:
 
 @pytest.fixture
 def env(tmp_path, scripted_provider, claude_command) -> dict[str, str]:
-    provider = scripted_provider(json.loads(SCENARIOS.read_text()))
+    scenarios = json.loads(SCENARIOS.read_text())
+    for scenario in scenarios["scenarios"]:
+        scenario["usage"] = {"input_tokens": 50000, "output_tokens": 80}
+    provider = scripted_provider(scenarios)
     return {**os.environ, "RUNNER_STORE": (tmp_path / "store").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
             "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k",
-            "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_BUDGET__CALL_USD": "0.005",
-            "RUNNER_BUDGET__SESSION_USD": "0.02"}
+            "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_BUDGET__CALL_USD": "0.75",
+            "RUNNER_BUDGET__SESSION_USD": "0.5"}
 
 
 def cli(*args: str, env: dict[str, str], kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -71,23 +76,23 @@ def _realized(ledger: Ledger) -> Decimal:
 
 
 def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishes_without_repeats(tmp_path, env):
-    """$0.06 fits two reservations at once ($0.05); once both settle at $0.0144, a third fits
-    ($0.0288 + $0.025); then $0.0432 + $0.025 does not: exit 3, the fourth not journaled.
-    Raised to $0.08, the same command starts the fourth alone."""
+    """$2.55 fits two reservations at once ($2.50) but not a third beside them; once both settle at
+    $0.4536, a third fits ($0.9072 + $1.25); then $1.3608 + $1.25 does not: exit 3, the fourth not
+    journaled. Raised to $2.70, the same command starts the fourth alone."""
     plan = _plan(tmp_path, 4)
-    first = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "0.06", env=env)
+    first = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "2.55", env=env)
     assert first.returncode == EXIT_BUDGET, first.stderr
     assert "budget: 1 session(s) not started" in first.stderr and "Traceback" not in first.stderr
     ledger = _ledger(tmp_path)
     states = ledger.sessions()
     assert sorted(s.status for s in states.values()) == ["succeeded"] * 3 and len(states) == 3  # the 4th: not journaled
-    assert _usd(_realized(ledger)) == 3 * SESSION_COST and _realized(ledger) <= Decimal("0.06")
+    assert _usd(_realized(ledger)) == 3 * SESSION_COST and _realized(ledger) <= Decimal("2.55")
     starts = [e for e in ledger.entries if e["type"] == "start"]
-    assert {(e["reserved_usd"], e["campaign_usd"]) for e in starts} == {("0.025", "0.06")}
+    assert {(e["reserved_usd"], e["campaign_usd"]) for e in starts} == {("1.25", "2.55")}
     status = cli("status", "demo", "--json", env=env)
     money = json.loads(status.stdout)["budget"]
     assert _usd(money["spent_usd"]) == 3 * SESSION_COST and Decimal(money["reserved_usd"]) == 0
-    assert _usd(money["left_usd"]) == Decimal("0.06") - 3 * SESSION_COST
+    assert _usd(money["left_usd"]) == Decimal("2.55") - 3 * SESSION_COST
     # Nothing starts the fourth until the budget is raised: a watch ends at once, as the run did
     # (before, it waited for the fourth for good).
     watched = subprocess.run([sys.executable, "-m", "runner", "status", "demo", "--watch", "--interval", "0.1"],
@@ -103,7 +108,7 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     flat = " ".join(drawn.split())
     assert code == EXIT_BUDGET and "the last run stopped: budget: 1 session(s) not started" in flat, flat
 
-    second = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "0.08", env=env)
+    second = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "2.70", env=env)
     assert second.returncode == 0, second.stderr
     assert "HW-PRB-0007" in second.stderr and second.stderr.count("succeeded") == 1  # only the fourth ran
     ledger = _ledger(tmp_path)
@@ -111,23 +116,23 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     intents = [(e["session"], e["attempt"]) for e in ledger.entries if e["type"] == "intent"]
     assert len(intents) == len(set(intents)) == 4 and {a for _, a in intents} == {1}  # no session ran twice
     assert json.loads(cli("status", "demo", "--json", env=env).stdout)["stopped"] is None  # the run since finished it
-    assert _usd(_realized(ledger)) == 4 * SESSION_COST and _realized(ledger) <= Decimal("0.08")
+    assert _usd(_realized(ledger)) == 4 * SESSION_COST and _realized(ledger) <= Decimal("2.70")
     assert ledger.verify() == []
 
 
 def test_a_session_stopped_by_its_own_limit_is_an_observation_the_prose_names(tmp_path, env):
-    """At --session-budget-usd 0.005 the CLI stops after its second answer ($0.0096: the CLI
+    """At --session-budget-usd 0.2 the CLI stops after its second answer ($0.3024: the CLI
     checks after each answer, so it crosses the limit by less than one answer). The session is
     recorded with answer null (the contract: "Every other message records answer: null."), its
     cost stays under its reservation, and the prose names it."""
     plan = _plan(tmp_path, 1)
-    env = {**env, "RUNNER_BUDGET__SESSION_USD": "0.005"}
+    env = {**env, "RUNNER_BUDGET__SESSION_USD": "0.2"}
     done = cli("run", str(plan), "--corpus", str(CORPUS), "--budget-usd", "1", env=env)
     assert done.returncode == 0, done.stderr
     ledger = _ledger(tmp_path)
     (state,) = ledger.sessions().values()
-    assert state.status == "succeeded" and _usd(state.detail["cost_usd"]) == Decimal("0.0096")
-    assert Decimal(state.detail["cost_usd"]) < Decimal("0.005") + Decimal("0.005")  # its reservation
+    assert state.status == "succeeded" and _usd(state.detail["cost_usd"]) == 2 * ANSWER_COST
+    assert Decimal(state.detail["cost_usd"]) < Decimal("0.2") + Decimal("0.75")  # its reservation
     store = FileStore(tmp_path / "store")
     stream = [json.loads(line) for line in store.get(state.detail["stream"]["key"]).splitlines()]
     assert stream[-1]["subtype"] == "error_max_budget_usd"
@@ -138,23 +143,23 @@ def test_a_session_stopped_by_its_own_limit_is_an_observation_the_prose_names(tm
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_the_books_hold_after_a_sigkill_at_each_stage(tmp_path, env, stage):
-    """Two sessions one at a time under a $0.045 budget; the runner is SIGKILLed when the first
+    """Two sessions one at a time under a $2.20 budget; the runner is SIGKILLed when the first
     reaches ``stage``. Killed before its start, nothing is reserved and the restart runs both.
     Killed after its start, its reservation stays in the journaled books (it may have spent
-    up to it): the restart does not start the second, since $0.025 + $0.025 > $0.045 (before,
+    up to it): the restart does not start the second, since $1.25 + $1.25 > $2.20 (before,
     with the reservation forgotten, it would have). `ledger recover` settles the first at its
-    whole reservation; raised to $0.06 the second runs. Realized spend never passes the
+    whole reservation; raised to $2.60 the second runs. Realized spend never passes the
     budget, and no session runs twice."""
     plan = _plan(tmp_path, 2)
     run = ("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "1")
-    killed = cli(*run, "--budget-usd", "0.045", env=env, kill_at=stage)
+    killed = cli(*run, "--budget-usd", "2.20", env=env, kill_at=stage)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     ledger = _ledger(tmp_path)
     assert ledger.verify() == []
     started = stage not in ("before-intent", "after-intent")
     assert books(ledger).reserved == (RESERVATION if started else 0) and books(ledger).spent == 0
 
-    again = cli(*run, "--budget-usd", "0.045", env=env)
+    again = cli(*run, "--budget-usd", "2.20", env=env)
     ledger = _ledger(tmp_path)
     first, second = (ledger.state(f"HW-PRB-0007/present-00{n}") for n in (1, 2))
     if not started:
@@ -168,14 +173,14 @@ def test_the_books_hold_after_a_sigkill_at_each_stage(tmp_path, env, stage):
         assert books(ledger).reserved == RESERVATION and books(ledger).spent == 0
         recovered = cli("ledger", "recover", "demo", env=env)
         assert recovered.returncode == 0, recovered.stderr
-        raised = cli(*run, "--budget-usd", "0.06", env=env)
+        raised = cli(*run, "--budget-usd", "2.60", env=env)
         # 12: the interrupted first session is the transcript's refusal, as without a budget.
         assert raised.returncode == 12 and "session HW-PRB-0007 present-001" in raised.stdout, raised.stderr
         ledger = _ledger(tmp_path)
         assert ledger.state("HW-PRB-0007/present-001").status == "interrupted"
         assert ledger.state("HW-PRB-0007/present-002").status == "succeeded"
         assert _usd(books(ledger).spent) == RESERVATION + SESSION_COST and books(ledger).reserved == 0
-    assert books(ledger).spent + books(ledger).reserved <= Decimal("0.06")
+    assert books(ledger).spent + books(ledger).reserved <= Decimal("2.60")
     intents = [(e["session"], e["attempt"]) for e in ledger.entries if e["type"] == "intent"]
     assert len(intents) == len(set(intents)) and {a for _, a in intents} == {1}
     assert all("reserved_usd" in e for e in ledger.entries if e["type"] == "start")

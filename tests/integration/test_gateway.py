@@ -35,8 +35,9 @@ SIDE = "side call please"
 
 
 def _side_call_command() -> str:
-    """Three calls to the gateway with the session's own token, outside the CLI."""
-    body = json.dumps({"model": MODEL, "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
+    """Three calls to the gateway with the session's own token, outside the CLI (of the
+    campaign's model: another is refused, tests/integration/test_hostile_session.py)."""
+    body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
                        "messages": [{"role": "user", "content": SIDE}]})
     one = ("curl -s -o /dev/null -w '%{http_code} ' \"$ANTHROPIC_BASE_URL/v1/messages\" -H \"x-api-key: $ANTHROPIC_API_KEY\" "
            f"-H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' -d '{body}'")
@@ -176,7 +177,10 @@ def _token(secret: bytes, campaign: str = "camp", session: str = "s-001", expire
     return tokens.mint(secret, tokens.Claims(campaign, "P-1", session, 1, int(time.time() + expires_in), limit, call))
 
 
-BODY = json.dumps({"model": MODEL, "stream": True}).encode()
+# A request of the CLI's shape, long enough that its bound (3,100 bytes of input at most, 500 tokens
+# of output) covers what the upstream's answer states (1,000 in, 2,000 cache reads, 500 out).
+BODY = json.dumps({"model": MODEL, "stream": True, "max_tokens": 500,
+                   "messages": [{"role": "user", "content": "x" * 3000}]}).encode()
 
 
 def _post(url: str, token: str | None, path: str = "/v1/messages?beta=true", body: bytes = BODY):
@@ -211,7 +215,8 @@ def test_an_event_stream_comes_through_unbuffered_and_unchanged_with_the_key_add
 
 def test_a_provider_error_comes_back_unchanged(gateway):
     _, secret, url = gateway
-    conn, resp = _post(url, _token(secret), body=json.dumps({"model": MODEL, "overloaded": 1}).encode())
+    conn, resp = _post(url, _token(secret), body=json.dumps({"model": MODEL, "max_tokens": 10, "messages": [
+        {"role": "user", "content": "overloaded"}]}).encode())
     assert resp.status == 529 and resp.getheader("retry-after") == "7"
     assert json.loads(resp.read())["error"]["type"] == "overloaded_error"
     conn.close()
@@ -224,7 +229,7 @@ def test_a_provider_error_comes_back_unchanged(gateway):
     ("expired", "token refused: expired: camp/P-1/s-001#1 ended at"),
     ("no token", "no session token"),
     ("outside the allow-list", "GET /v1/files is not a path the CLI uses"),
-    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered, 0 call(s) in flight"),
+    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered, 0 call(s) in flight with $0 reserved"),
     ("unpriced model", "model 'claude-next-9' has no price at the gateway (gateway.prices), so its calls could not be held"),
 ])
 def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logged(gateway, caplog, case, reason):
@@ -242,7 +247,8 @@ def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logg
         conn.request("GET", "/v1/files", headers={"x-api-key": token})
         resp = conn.getresponse()
     else:
-        conn, resp = _post(url, token, body=json.dumps({"model": "claude-next-9"}).encode() if case == "unpriced model" else BODY)
+        conn, resp = _post(url, token, body=json.dumps({"model": "claude-next-9", "max_tokens": 10}).encode()
+                           if case == "unpriced model" else BODY)
     body = json.loads(resp.read())
     conn.close()
     assert resp.status in (400, 401, 403, 404) and body["type"] == "error" and reason in body["error"]["message"]
@@ -252,10 +258,10 @@ def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logg
 
 def test_concurrent_calls_of_one_session_cannot_pass_its_limit_together(gateway, caplog):
     """Five calls at once with one token (a session's Bash can start them in the background):
-    each answer costs $0.0111 and may cost up to $0.02 (budget.call_usd); the limit is $0.01.
-    Before, each was checked against what was metered, $0, and all five went through ($0.0555,
-    past limit + one call). Now a call in flight counts at $0.02: one goes, four are refused,
-    and the session spends at most its limit plus one call."""
+    each answer costs $0.0111 and may cost up to its bound, $0.0192 (budget.call_usd is $0.02);
+    the limit is $0.01. Before, each was checked against what was metered, $0, and all five went
+    through ($0.0555, past limit + one call). Now a call in flight holds its bound: one goes, four
+    are refused, and the session spends at most its limit plus one call's bound."""
     g, secret, url = gateway
     token = _token(secret, limit="0.01", call="0.02")
     caplog.set_level(logging.WARNING, logger="runner.gateway.server")
@@ -280,7 +286,7 @@ def test_concurrent_calls_of_one_session_cannot_pass_its_limit_together(gateway,
     assert len(_Upstream.seen) == 1
     meter = g.meter(("camp", "P-1", "s-001", 1))
     assert Decimal(meter["cost_usd"]) == Decimal("0.0111") <= Decimal("0.01") + Decimal("0.02")
-    assert sum("1 call(s) in flight at up to $0.02 each" in r.getMessage() for r in caplog.records) == 4
+    assert sum("1 call(s) in flight with $0.01920375 reserved" in r.getMessage() for r in caplog.records) == 4
 
 
 def test_no_call_is_left_in_flight_by_a_client_that_goes_or_a_body_too_large(gateway):
