@@ -24,6 +24,7 @@ import multiprocessing
 import statistics
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -45,11 +46,11 @@ def _delta(size: int) -> bytes:
 
 
 async def _answer(request: web.Request) -> web.StreamResponse:
-    """?events=N&size=B&pace=S: N deltas of about B bytes, S seconds apart."""
-    await request.read()
-    n = int(request.query.get("events", "3"))
-    size = int(request.query.get("size", "200"))
-    pace = float(request.query.get("pace", "0"))
+    """The first message says ``events=N&size=B&pace=S``: N deltas of about B bytes, S seconds apart."""
+    spec = dict(urllib.parse.parse_qsl(json.loads(await request.read())["messages"][0]["content"]))
+    n = int(spec.get("events", "3"))
+    size = int(spec.get("size", "200"))
+    pace = float(spec.get("pace", "0"))
     resp = web.StreamResponse(headers={"content-type": "text/event-stream", "request-id": "req_bench"})
     await resp.prepare(request)
     await resp.write(START)
@@ -104,16 +105,17 @@ def serve_upstream_and_gateway(secret: bytes) -> tuple[list[multiprocessing.proc
     return [up, gw], upstream, f"http://127.0.0.1:{q.get(timeout=60)}"
 
 
-BODY = json.dumps({"model": MODEL, "max_tokens": 1024, "stream": True,
-                   "messages": [{"role": "user", "content": "hello"}]}).encode()
-
-
 async def _one(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> tuple[float, float, int]:
-    """(time to the first byte, time to the end, bytes) of one streamed answer."""
+    """(time to the first byte, time to the end, bytes) of one streamed answer. ``url``'s query
+    is the answer's spec (see _answer), sent in the request's message as a CLI request would be
+    shaped: the gateway passes on only the CLI's query string."""
+    base, _, spec = url.partition("?")
+    body = json.dumps({"model": MODEL, "max_tokens": 1024, "stream": True,
+                       "messages": [{"role": "user", "content": spec}]}).encode()
     t0 = time.perf_counter()
     first = None
     n = 0
-    async with session.post(url, data=BODY, headers=headers) as resp:
+    async with session.post(base + "?beta=true", data=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
         async for chunk in resp.content.iter_any():
