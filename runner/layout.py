@@ -30,6 +30,11 @@ def ledger_prefix(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/ledger/"
 
 
+def ledger_head_key(campaign: str) -> str:
+    """The ledger's anchored head (the last entry an append saw): outside the chain's prefix."""
+    return f"{campaign_prefix(campaign)}/ledger-head.json"
+
+
 def transcript_key(campaign: str, tier: str, arm: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/{tier}-{arm}.md"
 

@@ -3,7 +3,9 @@ start and outcome (the experiment-records seed).
 
 Each entry is one object ``ledger/<seq>.json`` written create-only, so two writers can never
 both append entry n; each carries the digest of the entry before it, so a modified, reordered
-or truncated chain is detected by ``verify``. A session's intent and its start are journaled
+or truncated chain is detected by ``verify``. A chain whose last entries are deleted still
+verifies as a chain, so each append also anchors the head it wrote (``ledger-head.json``: its
+seq and hash), and ``verify`` holds the chain to it. A session's intent and its start are journaled
 before its harness can run; a start with no outcome means the session may or may not have
 executed, and nothing here runs it again by itself: ``recover`` marks it interrupted (keeping
 what its killed runner had captured of the stream, as an incomplete stream, never as the
@@ -23,7 +25,7 @@ from datetime import UTC, datetime
 
 from runner import digest, layout
 from runner.errors import UserError
-from runner.store import AlreadyExists, Store
+from runner.store import AlreadyExists, NotFound, Store
 
 GENESIS = "sha256:" + "0" * 64
 OUTCOMES = ("succeeded", "failed", "refused", "cancelled", "interrupted")
@@ -85,6 +87,7 @@ class Ledger:
         self.store = store
         self.campaign = campaign
         self.prefix = layout.ledger_prefix(campaign)
+        self.head_key = layout.ledger_head_key(campaign)
         self.entries: list[dict] = []
         self._lock = threading.Lock()
         self.reload()
@@ -172,6 +175,8 @@ class Ledger:
                     self.reload()  # another writer appended first: re-check against its entries
                     continue
                 self._apply(full)
+                # a writer behind another may anchor an older head: verify then holds fewer entries, never a false alarm
+                self.store.put(self.head_key, canonical({"seq": seq, "hash": full["hash"]}) + b"\n")
                 return full
 
     def intent(self, session: str, attempt: int, declaration: dict) -> dict:
@@ -224,6 +229,7 @@ class Ledger:
         """Every break of the chain, as sentences (empty: the chain verifies)."""
         problems = []
         prev = GENESIS
+        hashes: list[str] = []
         keys = [k for k in self.store.list(self.prefix) if k.endswith(".json")]
         for i, key in enumerate(keys):
             if key != self._key(i):
@@ -243,6 +249,20 @@ class Ledger:
             if e.get("prev") != prev:
                 problems.append(f"entry {i} does not follow entry {i - 1}: the chain was reordered or truncated")
             prev = claimed
+            hashes.append(claimed)
+        try:
+            head = json.loads(self.store.get(self.head_key))
+        except NotFound:
+            return problems  # a ledger written before heads were anchored
+        except ValueError:
+            return [*problems, "the anchored head is not JSON"]
+        seq = head.get("seq") if isinstance(head, dict) else None
+        if not isinstance(seq, int) or seq < 0:
+            problems.append("the anchored head names no entry")
+        elif seq >= len(hashes):
+            problems.append(f"the chain ends at entry {len(hashes) - 1}, but entry {seq} was its head: entries were removed")
+        elif hashes[seq] != head.get("hash"):
+            problems.append(f"entry {seq} is not the head that was anchored: the chain was rewritten")
         return problems
 
     def export(self) -> tuple[bytes, str]:

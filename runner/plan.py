@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from runner.digest import DIGEST_PATTERN
 from runner.errors import UserError, format_validation_error
@@ -40,6 +40,22 @@ class Arm(str, Enum):
 
 Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+# A probe's id names a directory of each session's scratch and its keys in the store: letters,
+# digits and . _ - only, starting and ending with a letter or digit (so never .. nor a path).
+_PROBE_ID = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+
+
+def _probe_id(value: str) -> str:
+    if not _PROBE_ID.fullmatch(value):
+        raise ValueError("a probe id is 1 to 128 letters, digits, '.', '_' or '-', starting and ending with a letter or "
+                         "digit: it names the session's directories and its keys in the store")
+    return value
+
+
+ProbeId = Annotated[str, AfterValidator(_probe_id)]
+# The most a YAML plan may expand to through its aliases (each alias stands for its whole node).
+MAX_EXPANDED_NODES = 1_000_000
+MAX_EXPANDED_CHARACTERS = 16 << 20
 
 
 def _relative_path(value: str) -> str:
@@ -65,7 +81,7 @@ class Identity(_Strict):
 
 
 class Probe(_Strict):
-    id: NonEmpty
+    id: ProbeId
     path: str
     title: NonEmpty
     task: str
@@ -192,7 +208,7 @@ def parse_document(path: Path) -> object:
         raise UserError(f"{path}: cannot read: {e}") from None
     try:
         if path.suffix.lower() in {".yaml", ".yml"}:
-            return yaml.safe_load(text)
+            return _bounded_yaml(path, text)
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
@@ -202,6 +218,38 @@ def parse_document(path: Path) -> object:
         raise UserError(f"{path}: nested too deeply to read") from None
     except ValueError as e:  # a value no Python type holds: an integer of over 4300 digits, a 13th month
         raise UserError(f"{path}: cannot read a value: {e}") from None
+
+
+def _bounded_yaml(path: Path, text: str) -> object:
+    """A YAML document, refused where its aliases expand it past MAX_EXPANDED_NODES nodes or
+    MAX_EXPANDED_CHARACTERS characters of scalars: an alias is one more reference to its node, so a
+    small file can stand for an enormous plan (112 kB of nested aliases was 300 MB)."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        sizes: dict[int, tuple[int, int]] = {}  # node -> (values, scalar characters) it expands to
+        stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+        while stack:  # post-order, each node once: a node is sized after all of its children
+            n, children_done = stack.pop()
+            children = ([x for pair in n.value for x in pair] if isinstance(n, yaml.MappingNode)
+                        else n.value if isinstance(n, yaml.SequenceNode) else [])
+            if id(n) in sizes:
+                continue
+            if not children_done:
+                stack.append((n, True))
+                stack.extend((c, False) for c in children if id(c) not in sizes)
+                continue
+            count = 1 + sum(sizes[id(c)][0] for c in children)
+            chars = len(n.value) if isinstance(n, yaml.ScalarNode) else sum(sizes[id(c)][1] for c in children)
+            if count > MAX_EXPANDED_NODES or chars > MAX_EXPANDED_CHARACTERS:
+                raise UserError(f"{path}: its aliases expand it past {MAX_EXPANDED_NODES} values or "
+                                f"{MAX_EXPANDED_CHARACTERS} characters: no plan is that large")
+            sizes[id(n)] = (count, chars)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def parse_plan(data: object, source: str = "plan") -> Plan:

@@ -563,7 +563,9 @@ def _workspace_tar(root: Path, gid: int) -> bytes:
 
 def _extract_safely(tar_path: Path, dest: Path) -> list[str]:
     """Directories, regular files and links inside ``dest``, from a tar the session pod made
-    (untrusted). A link is recreated as a link and never followed: a member whose path runs
+    (untrusted). A hard link is a copy of the file it names, where that is a file already unpacked
+    inside (a session's ``ln a b`` leaves two files, and dropping one would record it deleted).
+    A symbolic link is recreated as a link and never followed: a member whose path runs
     through a link an earlier member made (``a -> /outside``, then ``a/x``) is skipped, and a
     member that replaces a link replaces the link, not what it points at. Returns the names
     skipped. (tarfile's extraction filters do the same from Python 3.11.4 on; the runner image's
@@ -588,19 +590,29 @@ def _extract_safely(tar_path: Path, dest: Path) -> list[str]:
                 if not target.is_symlink():
                     target.mkdir(parents=True, exist_ok=True)
                 continue
-            if not (m.isfile() or m.issym()):
+            if not (m.isfile() or m.issym() or m.islnk()):
                 continue
+            source = None
+            if m.islnk():  # a hard link: the session's file under a second name, its bytes the first's
+                linked = root / os.path.normpath(m.linkname)
+                if os.path.islink(linked) or not Path(os.path.realpath(linked)).is_relative_to(root) or not linked.is_file():
+                    skipped.append(m.name)
+                    continue
+                source = open(linked, "rb")  # closed once copied, below
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.is_symlink() or target.is_file():
                 target.unlink()
             if m.issym():
                 os.symlink(m.linkname, target)
                 continue
-            src = tar.extractfile(m)
+            src = source or tar.extractfile(m)
             assert src is not None
-            with open(target, "xb") as f:  # O_EXCL: never through a link
-                while chunk := src.read(1 << 20):
-                    f.write(chunk)
+            try:
+                with open(target, "xb") as f:  # O_EXCL: never through a link
+                    while chunk := src.read(1 << 20):
+                        f.write(chunk)
+            finally:
+                src.close()
     return skipped
 
 

@@ -125,6 +125,28 @@ def test_verify_detects_deleted_entry_from_fresh_ledger(store):
     assert ledger(store).verify()
 
 
+@pytest.mark.parametrize("removed", [1, 2])
+def test_verify_detects_the_last_entries_deleted(store, removed):
+    """The chain without its last entries is still a chain: the anchored head tells (issue 28)."""
+    build(store)
+    n = len(keys(store))
+    for k in keys(store)[-removed:]:
+        (store.root / k).unlink()
+    assert ledger(store).verify() == [f"the chain ends at entry {n - removed - 1}, but entry {n - 1} was its head: entries were removed"]
+
+
+def test_verify_detects_a_chain_rewritten_from_an_entry_on(store):
+    """Entries from some point on replaced by a chain of their own (each hash right, each prev
+    right): the head anchored by the last append is no longer in it."""
+    lg = build(store)
+    last = keys(store)[-1]
+    e = json.loads((store.root / last).read_bytes())
+    e["at"] = "2026-01-01T00:00:00.000Z"
+    e["hash"] = digest.of_bytes(canonical({k: v for k, v in e.items() if k != "hash"}))
+    (store.root / last).write_bytes(canonical(e) + b"\n")
+    assert lg.verify() == [f"entry {e['seq']} is not the head that was anchored: the chain was rewritten"]
+
+
 def test_export_canonical_jsonl_and_digest(store):
     lg = build(store)
     data, sha = lg.export()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -127,3 +128,45 @@ def test_sessions_count_three_arms():
     p = parse_plan(plan_dict(arms=["present", "no-hook", "mcp"], repetitions=3))
     assert len(p.sessions()) == 2 * 3 * 3
     assert len({x.key for x in p.sessions()}) == 18
+
+
+# --- a hostile plan (issue 28, item 5) -------------------------------------------------------------
+
+@pytest.mark.parametrize("probe_id", ["../../tmp/x", "..", "a/b", ".hidden", "p1 ", "-rf", "x" * 129, "é"])
+def test_a_probe_id_that_is_not_a_plain_name_is_refused_with_the_field_named(probe_id):
+    """A probe's id names a directory of each session's scratch and its keys in the store:
+    `../../tmp/x` put a session's scratch outside the work directory."""
+    d = plan_dict()
+    d["probes"][0]["id"] = probe_id
+    msg = bad(d)
+    assert msg.startswith("plan.json: probes[0].id: ") and "a probe id is 1 to 128 letters, digits" in msg
+
+
+@pytest.mark.parametrize("probe_id", ["HW-PRB-0007", "p1", "a.b_c-d", "x" * 128])
+def test_a_plain_probe_id_is_kept(probe_id):
+    d = plan_dict()
+    d["probes"][0]["id"] = probe_id
+    assert parse_plan(d).probes[0].id == probe_id
+
+
+def test_yaml_aliases_that_expand_a_plan_past_any_plan_are_refused_at_once(tmp_path):
+    """A few kilobytes of nested aliases stand for a plan of gigabytes: refused from the node
+    graph, before anything is built from it."""
+    text = "a: &a [" + ",".join(["x" * 100] * 10) + "]\n"
+    for i in range(1, 12):
+        text += f"b{i}: &b{i} [" + ",".join([f"*{'a' if i == 1 else f'b{i - 1}'}"] * 10) + "]\n"
+    (tmp_path / "plan.yaml").write_text(text)
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="its aliases expand it past 1000000 values"):
+        load_plan(tmp_path / "plan.yaml")
+    assert time.monotonic() - t0 < 5 and len(text) < 2000
+
+
+def test_a_plan_whose_aliases_stay_small_loads(tmp_path):
+    """The same alias read twice: a plan's YAML may share a node (an answer set, say)."""
+    d = plan_dict()
+    text = json.dumps(d).replace('"answers": ["current HW-DR-0052"]', '"answers": &set ["current HW-DR-0052"]', 1)
+    text = text.replace('"task": "Do that."', '"task": "Do that.", "answers": *set', 1)
+    (tmp_path / "plan.yaml").write_text(text)
+    plan = load_plan(tmp_path / "plan.yaml")
+    assert plan.probes[0].answers == plan.probes[1].answers == ["current HW-DR-0052"]

@@ -10,6 +10,8 @@ import os
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from runner.executors.kubernetes import _extract_safely
 
 
@@ -24,6 +26,9 @@ def _tar(*members: tuple[str, str, str | bytes]) -> bytes:
                 tar.addfile(info)
             elif kind == "link":
                 info.type, info.linkname = tarfile.SYMTYPE, str(value)
+                tar.addfile(info)
+            elif kind == "hardlink":
+                info.type, info.linkname = tarfile.LNKTYPE, str(value)
                 tar.addfile(info)
             else:
                 data = value if isinstance(value, bytes) else value.encode()
@@ -78,3 +83,22 @@ def test_an_ordinary_workspace_comes_out_whole(tmp_path):
         "docs", "docs/a.md", "etc", "inner", "inner/up", "latest"]
     assert skipped == ["/abs", "../escape"]
     assert not (tmp_path / "escape").exists() and not Path("/abs").exists()
+
+
+def test_a_hard_link_is_unpacked_as_the_file_it_names(tmp_path):
+    """A session's `ln docs/a.md b.md` leaves two names of one file; tar records the second as a
+    hard link, which was dropped, so the record said b.md was deleted (issue 28)."""
+    dest = tmp_path / "ws"
+    skipped = _extract(_tar(("dir", "docs", ""), ("file", "docs/a.md", "A\n"), ("hardlink", "b.md", "docs/a.md")), dest)
+    assert skipped == []
+    assert (dest / "b.md").read_text() == "A\n" and not (dest / "b.md").is_symlink()
+    (dest / "b.md").write_text("B\n")
+    assert (dest / "docs/a.md").read_text() == "A\n"  # a copy, not a link into the first
+
+
+@pytest.mark.parametrize("target", ["../outside", "/etc/hostname", "missing.md", "lnk/x"])
+def test_a_hard_link_to_anything_but_a_file_unpacked_inside_is_skipped(tmp_path, target):
+    (tmp_path / "outside").write_text("secret\n")
+    dest = tmp_path / "ws"
+    skipped = _extract(_tar(("link", "lnk", str(tmp_path)), ("hardlink", "h.md", target)), dest)
+    assert skipped == ["h.md"] and not (dest / "h.md").exists()
