@@ -66,7 +66,7 @@ def collect_workspace(workspace: Path, manifest: dict[str, str], also: set[str],
             d = digest.of_file(full)
             if manifest.get(rel) == d and rel not in also:
                 continue
-            with open(full, "rb") as f, store.writer(keys.artifact(rel), create_only=False) as w:
+            with open(full, "rb") as f, store.writer(keys.artifact(rel), create_only=False, salvage=False) as w:
                 while chunk := f.read(_CHUNK):
                     w.write(chunk)
                 w.commit()

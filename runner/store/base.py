@@ -79,7 +79,9 @@ class Store(ABC):
         """Every key under ``prefix``, sorted."""
 
     @abstractmethod
-    def writer(self, key: str, *, create_only: bool = True) -> StreamWriter: ...
+    def writer(self, key: str, *, create_only: bool = True, salvage: bool = True) -> StreamWriter:
+        """``salvage``: an aborted write keeps what it wrote for ``salvage`` (a session's stream);
+        False: an aborted write leaves nothing behind (a copy whose source is still on disk)."""
 
     @abstractmethod
     def delete(self, key: str) -> None: ...

@@ -98,8 +98,8 @@ class FileStore(Store):
                     keys.append(key)
         return sorted(keys)
 
-    def writer(self, key: str, *, create_only: bool = True) -> StreamWriter:
-        return _FileStreamWriter(self, key, create_only)
+    def writer(self, key: str, *, create_only: bool = True, salvage: bool = True) -> StreamWriter:
+        return _FileStreamWriter(self, key, create_only, salvage)
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -135,7 +135,7 @@ class FileStore(Store):
 
 
 class _FileStreamWriter(StreamWriter):
-    def __init__(self, store: FileStore, key: str, create_only: bool):
+    def __init__(self, store: FileStore, key: str, create_only: bool, salvage: bool = True):
         super().__init__()
         self.store, self.key, self.create_only = store, key, create_only
         self.final = store._path(key)
@@ -143,6 +143,7 @@ class _FileStreamWriter(StreamWriter):
         if create_only and self.final.exists():
             raise AlreadyExists(f"{store.uri}/{key} exists")
         self.partial = self.final.with_name(self.final.name + ".partial")
+        self.salvage = salvage
         self._f = open(self.partial, "wb")
 
     def _write(self, data: bytes) -> None:
@@ -161,3 +162,5 @@ class _FileStreamWriter(StreamWriter):
         if not self._f.closed:
             self._f.flush()
             self._f.close()
+        if not self.salvage:
+            self.partial.unlink(missing_ok=True)

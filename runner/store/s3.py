@@ -161,8 +161,8 @@ class S3Store(Store):
                 return sorted(keys)
             token = page["NextContinuationToken"]
 
-    def writer(self, key: str, *, create_only: bool = True) -> StreamWriter:
-        return _S3StreamWriter(self, key, create_only)
+    def writer(self, key: str, *, create_only: bool = True, salvage: bool = True) -> StreamWriter:
+        return _S3StreamWriter(self, key, create_only, salvage)
 
     def delete(self, key: str) -> None:
         self.call("delete_object", Bucket=self.bucket, Key=self._key(key))
@@ -294,9 +294,9 @@ class _S3StreamWriter(StreamWriter):
     raises from the next ``write`` or from ``commit``.
     """
 
-    def __init__(self, store: S3Store, key: str, create_only: bool):
+    def __init__(self, store: S3Store, key: str, create_only: bool, salvage: bool = True):
         super().__init__()
-        self.store, self.key, self.create_only = store, key, create_only
+        self.store, self.key, self.create_only, self.salvage = store, key, create_only, salvage
         self.full = store._key(key)
         if create_only and store.exists(key):
             raise AlreadyExists(f"s3://{store.bucket}/{self.full} exists")
@@ -391,9 +391,15 @@ class _S3StreamWriter(StreamWriter):
         shutil.rmtree(self.spool)
 
     def abort(self) -> None:
-        # The uploaded parts stay in the incomplete upload and the rest in the spool: salvage keeps them.
+        # The uploaded parts stay in the incomplete upload and the rest in the spool: salvage keeps
+        # them. A write that is not to be salvaged leaves neither: an incomplete upload is billed
+        # for its parts until it is aborted, and no lifecycle rule is assumed.
         self._tail.close()
         self._close_pool()
+        if not self.salvage:
+            if self.upload_id is not None:
+                self.store.call("abort_multipart_upload", Bucket=self.store.bucket, Key=self.full, UploadId=self.upload_id)
+            shutil.rmtree(self.spool, ignore_errors=True)
 
     def _close_pool(self) -> None:
         """Let the parts in flight finish (a failed one is in the spool still, for salvage)."""

@@ -248,3 +248,17 @@ def test_a_link_opens_the_object_with_no_credentials(store):
         assert r.read() == b'{"type":"result"}\n'
     if isinstance(store, S3Store):
         assert "X-Amz-Expires=600" in link and "X-Amz-Signature=" in link
+
+
+def test_an_artifact_write_that_fails_leaves_no_upload_and_no_spool(store, tmp_path):
+    """A session's file copied into the store (its source still on disk) is not salvaged: one that
+    fails leaves no incomplete multipart upload (billed until aborted) and no spool (issue 28)."""
+    with pytest.raises(RuntimeError), store.writer("s/artifacts/big.bin", create_only=False, salvage=False) as w:
+        w.write(b"x" * (6 * MIB))  # on S3: one part uploaded, the rest spooled
+        raise RuntimeError("the copy failed")
+    assert not store.exists("s/artifacts/big.bin")
+    if isinstance(store, S3Store):
+        assert store._uploads("runs/s/artifacts/big.bin") == []
+        assert not any((tmp_path / "spool").rglob("part-*"))
+    else:
+        assert not list((tmp_path / "store").rglob("*.partial"))
