@@ -328,12 +328,8 @@ class Gateway:
                 flight.end(None)  # cut short before an answer was read: at its bound (a no-op once ended)
 
     def _room(self, claims: Claims) -> bool:
-        """Whether the session has anything left under its limit: metered, the bounds of its calls
-        in flight, and what other gateways metered of it."""
-        limit = claims.limit()
         with self._lock:
-            meter = self.meters.setdefault(claims.attempt_key, Meter())
-            return limit is None or (meter.carried or 0) + meter.usd + meter.reserved < limit
+            return _has_room(self.meters.setdefault(claims.attempt_key, Meter()), claims.limit())
 
     def _spent(self, request: web.Request, claims: Claims) -> web.Response:
         meter = self.meters[claims.attempt_key]
@@ -344,10 +340,9 @@ class Gateway:
     def _admit(self, claims: Claims, bound: Decimal) -> bool:
         """Whether a call may start, its bound reserved: the session still has room (_room). So
         its calls together, however many at once, spend at most its limit plus one call's bound."""
-        limit = claims.limit()
         with self._lock:
             meter = self.meters.setdefault(claims.attempt_key, Meter())
-            if limit is not None and (meter.carried or 0) + meter.usd + meter.reserved >= limit:
+            if not _has_room(meter, claims.limit()):
                 return False
             meter.in_flight += 1
             meter.reserved += bound
@@ -428,6 +423,12 @@ class Gateway:
                 log.warning("%s: a call's answer was cut short (%s): metered at its bound, $%s", claims.name,
                             "usage so far " + json.dumps(reader.usage) if reader is not None else "no answer", bound)
         self._changed(claims)
+
+
+def _has_room(meter: Meter, limit: Decimal | None) -> bool:
+    """Whether a session has anything left under its limit: what is metered, the bounds of its
+    calls in flight, and what other gateways metered of it."""
+    return limit is None or (meter.carried or 0) + meter.usd + meter.reserved < limit
 
 
 class _Flight:
