@@ -20,6 +20,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tarfile
 import threading
 import time
@@ -437,7 +438,11 @@ class KubernetesExecutor:
         if digest.of_file(spool) != "sha256:" + sha:
             raise ExecError(f"exec in {pod}: the fetched workspace is not what the pod packed ({size} bytes sha256:{sha})")
         out = scratch / "collected"
-        skipped = _extract_safely(spool, out)
+        try:
+            skipped = _extract_safely(spool, out, limit)
+        except WorkspaceTooLarge as e:
+            shutil.rmtree(out, ignore_errors=True)
+            return {"artifacts": None, "artifacts_not_collected": str(e)}
         if skipped:
             log.warning("%s: %d workspace member(s) not unpacked (outside the workspace or through a link): %s",
                         pod, len(skipped), ", ".join(skipped[:10]))
@@ -561,7 +566,15 @@ def _workspace_tar(root: Path, gid: int) -> bytes:
     return buf.getvalue()
 
 
-def _extract_safely(tar_path: Path, dest: Path) -> list[str]:
+# What one file, directory or link costs on disk at least, whatever its size (a block, an inode).
+_DISK_COST = 4096
+
+
+class WorkspaceTooLarge(Exception):
+    """Unpacking the workspace would take more disk than the collection allows: the message says so."""
+
+
+def _extract_safely(tar_path: Path, dest: Path, max_disk: int | None = None) -> list[str]:
     """Directories, regular files and links inside ``dest``, from a tar the session pod made
     (untrusted). A hard link is a copy of the file it names, where that is a file already unpacked
     inside (a session's ``ln a b`` leaves two files, and dropping one would record it deleted).
@@ -569,12 +582,22 @@ def _extract_safely(tar_path: Path, dest: Path) -> list[str]:
     through a link an earlier member made (``a -> /outside``, then ``a/x``) is skipped, and a
     member that replaces a link replaces the link, not what it points at. Returns the names
     skipped. (tarfile's extraction filters do the same from Python 3.11.4 on; the runner image's
-    Debian python3 is 3.11.2, so one check here serves every interpreter.)"""
+    Debian python3 is 3.11.2, so one check here serves every interpreter.)
+
+    ``max_disk``: the most the unpacked workspace may take on disk, each member counted at its size
+    rounded up to a block and at least a block: a tar of many small files takes a few hundred
+    bytes a file, and would take the controller's scratch (and get it evicted) when unpacked.
+    WorkspaceTooLarge where it would take more."""
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(os.path.realpath(dest))
     skipped: list[str] = []
+    used = 0
     with tarfile.open(tar_path, mode="r:") as tar:
         for m in tar:
+            used += max(_DISK_COST, -(-m.size // _DISK_COST) * _DISK_COST)
+            if max_disk is not None and used > max_disk:
+                raise WorkspaceTooLarge(f"the workspace would take more than kube.collect_max_bytes ({max_disk} bytes) on disk "
+                                        "unpacked (many small files); its files were not collected")
             rel = Path(os.path.normpath(m.name))
             if str(rel) == ".":  # the workspace itself
                 continue

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.executors.kubernetes import _extract_safely
+from runner.executors.kubernetes import WorkspaceTooLarge, _extract_safely
 
 
 def _tar(*members: tuple[str, str, str | bytes]) -> bytes:
@@ -102,3 +102,19 @@ def test_a_hard_link_to_anything_but_a_file_unpacked_inside_is_skipped(tmp_path,
     dest = tmp_path / "ws"
     skipped = _extract(_tar(("link", "lnk", str(tmp_path)), ("hardlink", "h.md", target)), dest)
     assert skipped == ["h.md"] and not (dest / "h.md").exists()
+
+
+def test_a_workspace_of_many_small_files_is_refused_before_it_fills_the_disk(tmp_path):
+    """A session that leaves a million empty files packs to half a gigabyte but takes gigabytes
+    of blocks and inodes unpacked: the unpacking stops at the bound on disk (issue 28)."""
+    members = [("file", f"f{i}", "") for i in range(100)]
+    with pytest.raises(WorkspaceTooLarge, match=r"more than kube.collect_max_bytes \(204800 bytes\) on disk"):
+        _extract_safely_at(_tar(*members), tmp_path / "ws", 50 * 4096)
+    assert len(list((tmp_path / "ws").iterdir())) == 50  # it stopped where the bound was passed
+    assert _extract_safely_at(_tar(*members), tmp_path / "ws2", 100 * 4096) == []
+
+
+def _extract_safely_at(data: bytes, dest: Path, max_disk: int) -> list[str]:
+    path = dest.parent / f"{dest.name}.tar"
+    path.write_bytes(data)
+    return _extract_safely(path, dest, max_disk)
