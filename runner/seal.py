@@ -594,7 +594,7 @@ class _Sealer:
         return any(p.search(folded) for p in self.phrases)
 
     def names_answer_key(self, f: _File) -> bool:
-        return bool(self.key_names.lines(f))
+        return self.path_names_answer_key(f.rel) or bool(self.key_names.lines(f))
 
     def why_path_removed(self, rel: str) -> str | None:
         for shelf in self.shelves:
@@ -602,7 +602,15 @@ class _Sealer:
                 return f"on the probe shelf {shelf}/"
         if rel in self.answer_keys:
             return "an answer key of the probe"
+        if self.path_names_answer_key(rel):
+            return "its path names an answer key"
         return None
+
+    def path_names_answer_key(self, rel: str) -> bool:
+        """A path names an answer key as a line would: a component that is the key's name or
+        stem standing alone, or an identifier the key's name carries (a copy of the key kept
+        under another directory, say)."""
+        return bool(self.key_names.lines(_File("", "\n".join(rel.split("/")).encode())))
 
     def why_content_removed(self, f: _File) -> str | None:
         if self.names_probe(f) and (_under(f.rel, "docs") or f.rel not in self.folds):

@@ -590,3 +590,18 @@ def test_the_final_check_refuses_a_path_that_names_the_probe(tmp_path, monkeypat
     monkeypatch.setattr(sealing._Sealer, "why_removed", lambda self, f: self.why_path_removed(f.rel))
     with pytest.raises(SealError, match=f"{rel} still names the probe"):
         do_seal(corpus, tmp_path)
+
+
+@pytest.mark.parametrize("rel", ["tools/status-answer.md", "docs/archive/status-answer.md", "docs/status-answer/old.md"])
+def test_a_file_whose_path_names_an_answer_key_is_removed(tmp_path, rel):
+    """"The driver refuses a workspace in which a file still names the probe or an answer key": a
+    copy of the key under another directory names it by its path, as a line naming it would."""
+    corpus = make_corpus(tmp_path, {rel: "current HW-DR-0052\n"})
+    ws = do_seal(corpus, tmp_path)
+    assert ws.removed[rel] == "its path names an answer key" and rel not in files(ws.path)
+
+
+def test_a_path_holding_the_key_s_name_inside_a_longer_name_is_kept(tmp_path):
+    rel = "docs/notes/not-status-answer.md.bak"
+    corpus = make_corpus(tmp_path, {rel: "x\n"})
+    assert rel in files(do_seal(corpus, tmp_path).path)
