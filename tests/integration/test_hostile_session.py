@@ -313,3 +313,19 @@ def test_a_hostile_session_through_the_real_cli_stays_within_the_budget(tmp_path
     assert Decimal(meter["cost_usd"]) == 2 * (1200 * 3 + 80 * 15) / Decimal(10**6) + (100 * 3 + 10 * 15) / Decimal(10**6)
     stream_cost = Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"]))
     assert books(Ledger(store, "demo")).spent == realized_cost(stream_cost, meter) <= 10
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda mac: mac + "=",  # padding the decoder would drop
+    lambda mac: mac[:10] + "!" + mac[10:],  # a character outside the alphabet, which a lenient decoder skips
+    lambda mac: mac[:-1] + chr(ord(mac[-1]) ^ 1) if mac[-1] not in "AQgw" else mac[:-1] + "B",  # other trailing bits
+])
+def test_a_token_s_mac_is_decoded_strictly(gateway, mangle):
+    """One MAC, one string: a lenient base64 decoder reads many strings as the same MAC (issue 28, item 4)."""
+    g, secret, url = gateway
+    head, body, mac = _token(secret).split(".")
+    conn, resp = _post(url, ".".join([head, body, mangle(mac)]), _body())
+    answer = json.loads(resp.read())
+    conn.close()
+    assert resp.status == 401 and "token refused" in answer["error"]["message"]
+    assert not _Provider.seen
