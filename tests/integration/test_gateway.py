@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from wire import RecordingUpstream  # tests/ is on the path (tests/conftest.py)
 
 from runner.demo import CORPUS, PLAN
 from runner.gateway import tokens
@@ -109,39 +110,23 @@ def test_a_session_finds_no_key_and_its_side_calls_are_metered_and_stopped_at_it
 
 # ---- the server against small upstreams ------------------------------------------------------
 
-class _Upstream(BaseHTTPRequestHandler):
+class _Upstream(RecordingUpstream):
     """An SSE answer in three chunks; the second waits for the test's go (so a buffering
     gateway would hold the first), or a 529 with a retry-after header."""
 
-    protocol_version = "HTTP/1.1"
     go = threading.Event()
     seen: list[dict] = []
 
-    def log_message(self, *args: object) -> None:
-        pass
-
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        _Upstream.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        body = self.recorded_body()
         if b"overloaded" in body:
-            payload = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
-            self.send_response(529)
-            self.send_header("content-type", "application/json")
-            self.send_header("retry-after", "7")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.answer_json(529, b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}', retry_after="7")
             return
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("request-id", "req_upstream_1")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
+        self.start_events(request_id="req_upstream_1")
         for i, chunk in enumerate(SSE):
             if i == 1:
                 _Upstream.go.wait(10)
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            self.wfile.flush()
+            self.chunk(chunk)
         self.wfile.write(b"0\r\n\r\n")
 
 

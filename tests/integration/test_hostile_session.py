@@ -20,9 +20,10 @@ import sys
 import threading
 import time
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from wire import RecordingUpstream  # tests/ is on the path (tests/conftest.py)
 
 from runner.budget import books
 from runner.campaign import realized_cost
@@ -37,39 +38,25 @@ MODEL = "claude-sonnet-4-5"
 OUT = 50_000  # what the upstream's answers state as output: $0.75 at Sonnet's $15 per million
 
 
-class _Provider(BaseHTTPRequestHandler):
+class _Provider(RecordingUpstream):
     """Answers by what the request's first message says: ``slow-json`` (a JSON answer after a
     second), ``slow-sse`` (message_start, a second, a megabyte of text, then the rest), ``cut-sse`` (message_start,
     then the connection closes), anything else an event stream at once. Every answer states
     OUT output tokens."""
 
-    protocol_version = "HTTP/1.1"
     seen: list[dict] = []
 
-    def log_message(self, *args: object) -> None:
-        pass
-
     def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", 0)))
-        _Provider.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
-        mode = json.loads(body)["messages"][0]["content"]
+        mode = json.loads(self.recorded_body())["messages"][0]["content"]
         start = {"type": "message_start", "message": {"id": "m", "model": MODEL, "usage": {"input_tokens": 10, "output_tokens": 1}}}
         delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": OUT}}
         if mode == "slow-json":
             time.sleep(1)
-            payload = json.dumps({"id": "m", "type": "message", "model": MODEL, "content": [],
-                                  "usage": {"input_tokens": 10, "output_tokens": OUT}}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self.answer_json(200, json.dumps({"id": "m", "type": "message", "model": MODEL, "content": [],
+                                              "usage": {"input_tokens": 10, "output_tokens": OUT}}).encode())
             return
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        self._chunk(b"event: message_start\ndata: " + json.dumps(start).encode() + b"\n\n")
+        self.start_events()
+        self.chunk(b"event: message_start\ndata: " + json.dumps(start).encode() + b"\n\n")
         if mode == "cut-sse":
             self.connection.shutdown(socket.SHUT_RDWR)  # the provider's answer ends without its last events
             return
@@ -77,14 +64,10 @@ class _Provider(BaseHTTPRequestHandler):
             time.sleep(1)
             text = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x" * 65536}}
             for _ in range(16):
-                self._chunk(b"event: content_block_delta\ndata: " + json.dumps(text).encode() + b"\n\n")
-        self._chunk(b"event: message_delta\ndata: " + json.dumps(delta).encode() + b"\n\n"
+                self.chunk(b"event: content_block_delta\ndata: " + json.dumps(text).encode() + b"\n\n")
+        self.chunk(b"event: message_delta\ndata: " + json.dumps(delta).encode() + b"\n\n"
                     + b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
         self.wfile.write(b"0\r\n\r\n")
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
 
 
 @pytest.fixture
