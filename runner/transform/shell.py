@@ -123,8 +123,8 @@ class Session:
                     self._walk(tree, command, shell)
             except (bashlex.errors.ParsingError, NotImplementedError, AttributeError, IndexError, TypeError, ValueError,
                     RecursionError, AssertionError, KeyError):
-                self._found = []
-                self._read(_tokens(command), _Shell(self.cwd, self.cwd), tilde=True)
+                self._found, shell = [], _Shell(self.cwd, self.cwd)  # what a walk cut short found or moved, undone
+                self._read(_tokens(command), shell, tilde=True)
         if not subagent:
             # the CLI puts a shell that left the workspace back at the workspace after the call
             self.cwd = shell.cwd if self.inside(shell.cwd) else posixpath.normpath(self.workspace)

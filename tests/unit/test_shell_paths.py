@@ -170,3 +170,9 @@ def test_a_plain_command_read_as_words_is_what_bashlex_reads(commands):
             return
         assert [(n.text, n.resolved) for n in fast.named(text)] == [(n.text, n.resolved) for n in parsed.named(text, parse=True)], text
         assert fast.cwd == parsed.cwd, text
+
+
+def test_where_bashlex_cannot_read_a_command_its_cd_still_carries_to_the_next_call():
+    """`[[ ]]` is beyond bashlex: the command's words and operators are read, and its `cd` moves
+    the shell as the CLI keeps it."""
+    assert outside_named("[[ -d docs ]] && cd docs", "cat ../x ../../y") == [[], ["../../y"]]
