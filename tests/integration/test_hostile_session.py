@@ -253,6 +253,9 @@ def _hostile_bash() -> str:
         curl(base | {"model": "claude-opus-4-1"}),
         curl(base | {"max_tokens": 10_000_000}),
         curl(base, "-H 'anthropic-beta: context-1m-2025-08-07'"),
+        # a body past gateway.max_body_bytes (9 MB of it), and its own token altered (one character more)
+        "head -c 9000000 /dev/zero | tr '\\0' x > /tmp/big && " + curl(base).replace(f"-d '{json.dumps(base)}'", "--data-binary @/tmp/big"),
+        curl(base).replace('"x-api-key: $ANTHROPIC_API_KEY"', '"x-api-key: ${ANTHROPIC_API_KEY}A"'),
         curl(base | {"stream": True}, "--max-time 0.3"),  # cut: curl gives up on the stream
     ]
     return "echo hostile: $(" + "; ".join(routes) + ")"
@@ -260,9 +263,10 @@ def _hostile_bash() -> str:
 
 def test_a_hostile_session_through_the_real_cli_stays_within_the_budget(tmp_path, scripted_provider, claude_command):
     """Through the local executor and the real CLI: the session's Bash tries server tools, an MCP
-    server, another model, a huge max_tokens and the 1M beta with its own token (each refused, the
-    reason in the gateway's log), and a stream it cuts (metered at the provider's usage). The
-    campaign's books stay within its $10 budget and match the gateway's meter."""
+    server, another model, a huge max_tokens, the 1M beta and a 9 MB body with its own token, and
+    its token altered (each refused, the reason in the gateway's log), and a stream it cuts
+    (metered at the provider's usage). The campaign's books stay within its $10 budget and match
+    the gateway's meter."""
     scenarios = {"scenarios": [
         {"name": "hostile", "match": "status of decision HW-DR-0052", "model": MODEL,
          "usage": {"input_tokens": 1200, "output_tokens": 80},
@@ -284,15 +288,16 @@ def test_a_hostile_session_through_the_real_cli_stays_within_the_budget(tmp_path
     store = FileStore(tmp_path / "store")
     (state,) = Ledger(store, "demo").sessions().values()
     raw = store.get(state.detail["stream"]["key"]).decode()
-    assert "hostile: 400 400 400 400 400 " in raw, raw[-2000:]
+    assert "hostile: 400 400 400 400 400 413 401 " in raw, raw[-2000:]
     for reason in ("the tool type 'web_fetch_20250910' is not a client-side tool", "the request holds 'mcp_servers'",
                    "the model 'claude-opus-4-1' is not the campaign's", "max_tokens 10000000 is over gateway.max_tokens",
-                   "the beta 'context-1m-2025-08-07' is not one the CLI sends"):
+                   "the beta 'context-1m-2025-08-07' is not one the CLI sends", "the body is over gateway.max_body_bytes",
+                   "token refused: forged"):
         assert reason in done.stderr, reason
     bodies = [r.get("body") or {} for r in provider.requests if r["path"].startswith("/v1/messages")]
     assert not [b for b in bodies if isinstance(b, dict) and (b.get("mcp_servers") or b.get("model") != MODEL)]
     meter = json.loads(store.get(f"campaigns/demo/sessions/{state.key}/capture.json"))["gateway"]
-    assert meter["refused"] == 5 and meter["calls"] == 3  # two CLI calls and the cut stream, read to its end
+    assert meter["refused"] == 6 and meter["calls"] == 3  # two CLI calls and the cut stream, read to its end
     assert Decimal(meter["cost_usd"]) == 2 * (1200 * 3 + 80 * 15) / Decimal(10**6) + (100 * 3 + 10 * 15) / Decimal(10**6)
     stream_cost = Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"]))
     assert books(Ledger(store, "demo")).spent == realized_cost(stream_cost, meter) <= 10
