@@ -86,7 +86,7 @@ class SessionOutcome:
 class _Paths:
     def __init__(self, workspace: str):
         ws = PurePosixPath(workspace)
-        self.workspace = self._ws_text = str(ws)
+        self.workspace = str(ws)
         # None where no path, once normalised under the root "/", can lie inside the workspace:
         # a relative workspace, or one under POSIX's distinct root "//"
         self._ws_parts = list(ws.parts[1:]) if ws.root == "/" else None
@@ -113,7 +113,7 @@ class _Paths:
             if path.startswith(self._prefix):
                 return path[len(self._prefix):]
         parts: list[str] = []
-        for part in (path if path.startswith("/") else self._ws_text + "/" + path).split("/"):
+        for part in (path if path.startswith("/") else self.workspace + "/" + path).split("/"):
             if part == "..":
                 if parts:
                     parts.pop()
