@@ -4,8 +4,10 @@ real API server of tests/cluster/ (kube-apiserver, etcd, KWOK nodes):
 
 - **plain**: runner.gateway.server.Gateway alone, as a local run starts it (bench/gateway.py);
 - **install**: ``probe-runner gateway`` as the chart's Deployment runs it: each token checked
-  against a watch of the session pods, and each call written into its attempt's Lease (in
-  flight) before it is forwarded, then its usage after.
+  against a watch of the session pods, and each call forwarded only within what the gateway
+  holds of the session's room in its attempt's Lease (runner/gateway/cluster.py), once with
+  ``gateway.hold_usd`` 0 (a Lease write before every call, as the install's gateway did before
+  issue 28 item 3) and once with the default $1 (one write holds room for many calls).
 
 Both sides serve the same sessions: N session pods created for real (KWOK reports them
 running), one token per pod, against the same upstream (bench/gateway.py's, an aiohttp server
@@ -14,9 +16,12 @@ answering like the Messages API). Measured, each side in its own process on loop
 1. per request: small streamed answers one after another (one attempt);
 2. N concurrent streaming sessions, each its own attempt (so N Leases are written), every
    session streaming a paced answer at once: the time to the first byte and to the end, and
-   the errors.
+   the errors;
+3. N concurrent sessions each making a few small calls one after another: each call's time.
 
-    python bench/gateway_cluster.py [--sessions 500] [--requests 500]
+Each part also counts the Lease writes per call, from a watch of the API server.
+
+    python bench/gateway_cluster.py [--sessions 500] [--requests 500] [--calls 4]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,10 +89,76 @@ def _pods(kube: Kube, n: int) -> list[tuple[str, str, int]]:
     return keys
 
 
+class LeaseWrites:
+    """Counts the writes of the gateways' Leases as the API server reports them (a watch)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube, self.count, self._stop = kube, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        selector = names.selector_string(names.selector("probe-runner", names.GATEWAY_COMPONENT))
+        rv = self.kube.coordination.list_namespaced_lease(self.kube.namespace, label_selector=selector).metadata.resource_version
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(self.kube.coordination.list_namespaced_lease, self.kube.namespace,
+                                      label_selector=selector, resource_version=rv, timeout_seconds=30):
+                    rv = event["object"].metadata.resource_version
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self.count += 1
+                    if self._stop.is_set():
+                        w.stop()
+            except Exception:
+                if self._stop.is_set():
+                    return  # the cluster went first
+                raise
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _install_gateway(cluster, ns: str, upstream: str, secret: bytes, name: str, hold_usd: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+    env.update({"RUNNER_KUBE__KUBECONFIG": str(cluster.kubeconfig), "RUNNER_KUBE__NAMESPACE": ns,
+                "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": "bench-key",
+                "RUNNER_GATEWAY__TOKEN_SECRET": secret.hex(), "RUNNER_GATEWAY__PORT": str(port),
+                "RUNNER_GATEWAY__HOLD_USD": hold_usd, "RUNNER_LOG__LEVEL": "warning", "POD_NAME": name,
+                "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "gateway"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            asyncio.run(_ping(url))
+            return proc, url
+        except OSError:
+            assert time.monotonic() < deadline and proc.poll() is None, "the install's gateway did not start"
+            time.sleep(0.2)
+
+
+async def _calls(url: str, tokens_: list[str], calls: int) -> tuple[list[float], int]:
+    """Every session at once, each making ``calls`` small calls one after another: each call's time."""
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as s:
+        async def session(t: str) -> list[float]:
+            return [(await _one(s, url, {"x-api-key": t}))[1] for _ in range(calls)]
+        results = await asyncio.gather(*(session(t) for t in tokens_), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    if errors:
+        print(f"   first error: {errors[0]!r}"[:300])
+    return [x for r in results if not isinstance(r, BaseException) for x in r], len(errors)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=500)
     ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--calls", type=int, default=4, help="calls each session makes one after another in part 3")
     args = ap.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="bgc-", dir="/tmp"))
@@ -101,57 +173,63 @@ def main() -> None:
         t0 = time.monotonic()
         keys = _pods(kube, args.sessions)
         print(f"{args.sessions} session pods created and running in {time.monotonic() - t0:.1f} s")
-        port = free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
-        env.update({"RUNNER_KUBE__KUBECONFIG": str(cluster.kubeconfig), "RUNNER_KUBE__NAMESPACE": ns,
-                    "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": "bench-key",
-                    "RUNNER_GATEWAY__TOKEN_SECRET": secret.hex(), "RUNNER_GATEWAY__PORT": str(port),
-                    "RUNNER_LOG__LEVEL": "warning", "POD_NAME": "gateway-bench", "PYTHONPATH": str(REPO)})
-        install_proc = subprocess.Popen([sys.executable, "-m", "runner", "gateway"], env=env)
-        install = f"http://127.0.0.1:{port}"
-        cluster_secret = secret.hex().encode()  # what the process was given, as bytes
+        expires = int(time.time() + 3600)
+
+        def token(sec: bytes, key: tuple[str, str, int]) -> str:
+            return tokens.mint(sec, tokens.Claims(CAMPAIGN, *key, expires))
+
+        plain_tokens = [token(secret, k) for k in keys]
+        install_tokens = [token(secret.hex().encode(), k) for k in keys]  # what the process was given, as bytes
+        small = "/v1/messages?events=3&size=200"
+        paced = "/v1/messages?events=40&size=400&pace=0.05"  # about 2 s and 16 KiB each
+        writes = LeaseWrites(kube)
+        rows: dict[str, dict[str, object]] = {}
+        sides = [("plain gateway", None), ("install, hold_usd 0", "0"), ("install, hold_usd 1", "1")]
         try:
-            deadline = time.monotonic() + 60
-            while True:
+            for name, hold in sides:
+                proc, url = (None, plain) if hold is None else _install_gateway(
+                    cluster, ns, upstream, secret, f"gateway-bench-{name[-1]}", hold)
+                toks = plain_tokens if hold is None else install_tokens
                 try:
-                    asyncio.run(_ping(install))
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline and install_proc.poll() is None, "the install's gateway did not start"
-                    time.sleep(0.2)
-            expires = int(time.time() + 3600)
-
-            def token(sec: bytes, key: tuple[str, str, int]) -> str:
-                return tokens.mint(sec, tokens.Claims(CAMPAIGN, *key, expires))
-
-            plain_tokens = [token(secret, k) for k in keys]
-            install_tokens = [token(cluster_secret, k) for k in keys]
-            small = "/v1/messages?events=3&size=200"
-            d = asyncio.run(_sequential(upstream + small, {"x-api-key": "bench-key"}, args.requests))
-            p = asyncio.run(_sequential(plain + small, {"x-api-key": plain_tokens[0]}, args.requests))
-            g = asyncio.run(_sequential(install + small, {"x-api-key": install_tokens[0]}, args.requests))
-            print(f"1. {args.requests} small streamed answers one after another, one attempt (p50, p90 of the whole request):")
-            for name, v in (("direct", d), ("plain gateway", p), ("install's gateway", g)):
-                print(f"   {name:18} {1000 * _p(v, 50):.3f} ms, {1000 * _p(v, 90):.3f} ms")
-            print(f"   the install's gateway adds {1000 * (_p(g, 50) - _p(p, 50)):.3f} ms per request at p50 to the plain one "
-                  f"(the Lease written before forwarding); ratio {_p(g, 50) / _p(p, 50):.2f}x")
-
-            paced = "/v1/messages?events=40&size=400&pace=0.05"  # about 2 s and 16 KiB each
-            pf, pe, perr = asyncio.run(_many(plain + paced, plain_tokens))
-            gf, ge, gerr = asyncio.run(_many(install + paced, install_tokens))
-            print(f"2. {args.sessions} concurrent streaming sessions, each its own attempt (40 events 50 ms apart):")
-            for name, f, e, err in (("plain gateway", pf, pe, perr), ("install's gateway", gf, ge, gerr)):
-                print(f"   {name:18} first byte p50 {1000 * _p(f, 50):.1f} ms p99 {1000 * _p(f, 99):.1f} ms; "
-                      f"whole p50 {_p(e, 50):.3f} s p99 {_p(e, 99):.3f} s; errors {err}")
-            print(f"   ratio of the whole stream at p99: {_p(ge, 99) / _p(pe, 99):.2f}x; "
-                  f"of the first byte at p99: {_p(gf, 99) / _p(pf, 99):.2f}x")
-            leases = kube.list_leases(names.selector_string(names.selector("probe-runner", names.GATEWAY_COMPONENT)))
-            print(f"   Leases written: {len(leases)} (one per attempt)")
+                    w0 = writes.count
+                    seq = asyncio.run(_sequential(url + small, {"x-api-key": toks[0]}, args.requests))
+                    w1 = writes.count
+                    f, e, err = asyncio.run(_many(url + paced, toks))
+                    w2 = writes.count
+                    c, cerr = asyncio.run(_calls(url + small, toks, args.calls))
+                    w3 = writes.count
+                finally:
+                    if proc is not None:
+                        proc.terminate()
+                        proc.wait(30)
+                rows[name] = {"seq": seq, "first": f, "whole": e, "err": err + cerr, "calls": c,
+                              "w_seq": (w1 - w0) / (args.requests + 20), "w_many": (w2 - w1) / args.sessions,
+                              "w_calls": (w3 - w2) / (args.sessions * args.calls)}
         finally:
-            install_proc.terminate()
-            install_proc.wait(30)
-    for proc in procs:
-        proc.terminate()
+            writes.stop()
+        d = asyncio.run(_sequential(upstream + small, {"x-api-key": "bench-key"}, args.requests))
+        print(f"direct to the upstream: {1000 * _p(d, 50):.3f} ms per request at p50")
+        print("| | " + " | ".join(rows) + " |")
+        print("| --- |" + " --- |" * len(rows))
+        line = lambda label, f: print(f"| {label} | " + " | ".join(f(r) for r in rows.values()) + " |")  # noqa: E731
+        line(f"1. {args.requests} small answers one after another (one attempt), p50 / p90",
+             lambda r: f"{1000 * _p(r['seq'], 50):.3f} / {1000 * _p(r['seq'], 90):.3f} ms")
+        line("   Lease writes per call", lambda r: f"{r['w_seq']:.3f}")
+        line(f"2. {args.sessions} sessions at once, each its first call: first byte p50 / p99",
+             lambda r: f"{1000 * _p(r['first'], 50):.0f} / {1000 * _p(r['first'], 99):.0f} ms")
+        line("   whole 2 s stream p50 / p99", lambda r: f"{_p(r['whole'], 50):.3f} / {_p(r['whole'], 99):.3f} s")
+        line("   Lease writes per call", lambda r: f"{r['w_many']:.3f}")
+        line(f"3. {args.sessions} sessions at once, {args.calls} small calls each in turn: per call p50 / p99",
+             lambda r: f"{1000 * _p(r['calls'], 50):.1f} / {1000 * _p(r['calls'], 99):.1f} ms")
+        line("   Lease writes per call", lambda r: f"{r['w_calls']:.3f}")
+        line("errors", lambda r: str(r["err"]))
+        p, h0, h1 = rows.values()
+        for label, key, q in (("1, p50", "seq", 50), ("2, first byte p99", "first", 99), ("2, whole p99", "whole", 99),
+                              ("3, p99", "calls", 99)):
+            print(f"ratio to the plain gateway, {label}: hold_usd 0 {_p(h0[key], q) / _p(p[key], q):.2f}x, "  # type: ignore[arg-type]
+                  f"hold_usd 1 {_p(h1[key], q) / _p(p[key], q):.2f}x")  # type: ignore[arg-type]
+    for proc_ in procs:
+        proc_.terminate()
     subprocess.run(["rm", "-rf", str(base)], check=False)
 
 

@@ -139,7 +139,8 @@ class GatewaySettings(BaseModel):
     max_tokens: int = Field(64000, gt=0, description="The most output one call may ask for (max_tokens); more is refused. The CLI 2.1.197 asks for 32000 with Sonnet 4.5. Default: 64000.")
     context_tokens: int = Field(200000, gt=0, description="The models' context window in tokens: no call's input is larger, so it bounds what a call can cost (with the 1M-token beta refused). Default: 200000.")
     max_body_bytes: int = Field(8 << 20, gt=0, description="The largest request body the gateway reads, in bytes, checked as it is read (after the token, the path and the session's limit); a larger one is refused with 413. Default: 8388608 (8 MiB).")
-    drain_seconds: float = Field(25.0, ge=0, description="Time the in-cluster gateway lets open calls finish when it is stopped (a rollout, a drain), in seconds; calls cut then are retried by the CLI, and each counts at budget.call_usd. The chart's terminationGracePeriodSeconds is this plus 5. Default: 25.")
+    hold_usd: Decimal = Field(Decimal("1.00"), ge=0, description="What an install's gateway replica holds of a session's room beyond the call it admits, in US dollars, per write of the session's Lease: the calls that fit in it are forwarded without another write (the replicas' holds together never pass budget.session_usd + budget.call_usd). A replica killed mid-session leaves its hold counted as spent. 0: one write per call. Default: 1.00.")
+    drain_seconds: float = Field(25.0, ge=0, description="Time the in-cluster gateway lets open calls finish when it is stopped (a rollout, a drain), in seconds; calls cut then are retried by the CLI, and each counts at its bound. The chart's terminationGracePeriodSeconds is this plus 5. Default: 25.")
 
 
 class ThrottleSettings(BaseModel):
@@ -218,6 +219,21 @@ class ResourceSettings(BaseModel):
     ephemeral_storage_limit: str = Field("2Gi", description="Ephemeral-storage limit per container (quantity); bounds the workspace and capture volumes. Default: 2Gi.")
 
 
+class APIServerEndpoint(BaseModel):
+    """One address range and port of the API server, as a NetworkPolicy egress rule names it."""
+
+    cidr: str = Field(description="The API server's addresses as a CIDR (one address: /32 or /128).")
+    port: int = Field(ge=1, le=65535, description="Its port (6443 on most clusters, behind the kubernetes Service's 443).")
+
+    @field_validator("cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        if "/" not in v:
+            raise ValueError(f"{v} has no prefix length: write {v}/32 (or /128) for one address")
+        ipaddress.ip_network(v)  # a ValueError here (host bits set, no address) names the field
+        return v
+
+
 class IPBlock(BaseModel):
     """A NetworkPolicy ipBlock: ``cidr`` less each range of ``except`` (same family, inside it)."""
 
@@ -281,7 +297,8 @@ class KubeSettings(BaseModel):
     owner_job: str | None = Field(None, description="Name of the Job that owns this campaign's pods: deleting it deletes them. The controller Job sets it (and owner_uid) from its own pod's labels; a workstation run leaves it unset, and its pods are bounded by their deadline alone. Default: none.")
     owner_uid: str | None = Field(None, description="uid of the owner_job. Default: none.")
     provider_ip_blocks: list[IPBlock] = Field(default_factory=lambda: [IPBlock(cidr="0.0.0.0/0", **{"except": PRIVATE_V4}), IPBlock(cidr="::/0", **{"except": PRIVATE_V6})], description="Addresses the egress proxy may reach on the provider's port, as NetworkPolicy ipBlocks ({cidr, except}): the public internet by default, without the private, shared (CGNAT), link-local (the metadata service) and loopback ranges where pod, service and node addresses usually are; add the cluster's own ranges to except where they are public, or name an on-prem provider's own range. Default: 0.0.0.0/0 except " + ", ".join(PRIVATE_V4) + "; ::/0 except " + ", ".join(PRIVATE_V6) + ".")
-    dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods, the only DNS servers the egress proxy may ask. Default: kube-system.")
+    api_server: list[APIServerEndpoint] = Field(default_factory=list, description="Where the install's gateway pods reach the API server (they watch session pods and keep Leases), as {cidr, port}: the endpoints of the default namespace's kubernetes Service, which the chart looks up at install (networkPolicy.apiServer to name them). Empty: not known, and the gateway may reach ports 443 and 6443 at any address but the link-local ones (the metadata service). Default: none.")
+    dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods, the only DNS servers the egress proxy and the gateway may ask. Default: kube-system.")
     dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods (CoreDNS and kube-dns both carry k8s-app=kube-dns). Default: {k8s-app: kube-dns}.")
     exec_connect_timeout_seconds: float = Field(15.0, gt=0, description="Limit of opening one exec (TCP, TLS, the API server's upgrade answer), in seconds; then the exec is retried as a transient error. Default: 15.")
     exec_frame_timeout_seconds: float = Field(30.0, gt=0, description="Limit of reading or writing one frame of an exec, in seconds: a server that stops mid-frame or stops reading fails the exec then, not at transfer_timeout_seconds. Default: 30.")

@@ -46,7 +46,7 @@ from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserEr
 from runner.executors.base import CaptureRecord, Live, Slot
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
-from runner.gateway.cluster import SETTLE_SECONDS, meters_of, total
+from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, QuotaExceeded
 from runner.k8s.confinement import ConfinementMonitor
@@ -246,13 +246,13 @@ class KubernetesExecutor:
         return manifests.Route(self.route.base_url, token=tokens.mint(self.token_secret, claims))
 
     def _meter(self, pod: str) -> dict:
-        """The gateways' meter of the attempt (its Lease, runner/gateway/cluster.py), once no call
-        of its ended harness is still in flight there; past SETTLE_SECONDS one still open counts
-        at budget.call_usd."""
+        """The gateways' meter of the attempt (its Lease, runner/gateway/cluster.py), once each
+        gateway has settled it (given back what it held beyond the spend of the ended
+        harness); past SETTLE_SECONDS one that has not counts at what it holds."""
         deadline = time.monotonic() + SETTLE_SECONDS
         while True:
             meters = meters_of(self.kube.lease_annotations(pod) or {})
-            if all(int(m["in_flight"]) == 0 for m in meters) or time.monotonic() > deadline:
+            if settled(meters) or time.monotonic() > deadline:
                 return total(meters)
             time.sleep(0.5)
 

@@ -6,15 +6,18 @@ needs on top:
   while its attempt's pod exists, is not being deleted and its harness has not ended. The
   controller deletes the pod once the outcome is journaled, so that is the revocation, and a
   restarted gateway knows it again from its first list.
-- **What each attempt spent** is kept in a Lease named as the attempt's pod and owned by it
-  (deleted with it): each gateway pod writes its own meter into its own annotation
-  ``meter.probe-runner.io/<gateway pod>``, so replicas and a restarted pod never overwrite each
-  other. A gateway that first sees an attempt carries what the others metered (a call they
-  had in flight at ``call_usd``, the most one call costs), so neither a restart nor a second
-  replica lets a session past its limit; the Service's client-IP affinity keeps a session on
-  one replica meanwhile. A call is forwarded only once the Lease says it is in flight, so a
-  gateway killed mid-call leaves it there, counted at ``call_usd``. The controller sums the
-  annotations into the capture record.
+- **What each attempt spent, and may still spend**, is kept in a Lease named as the attempt's
+  pod and owned by it (deleted with it): each gateway pod writes its own meter into its own
+  annotation ``meter.probe-runner.io/<gateway pod>``: what it metered, and what it *holds* of
+  the session's room. A call is forwarded only within what its gateway holds there; a hold is
+  raised by writing the Lease at the resourceVersion it was read at (optimistic concurrency),
+  against what the other gateways hold at that moment, so no two hold the same room and the
+  holds together never pass the session's limit plus one call's most (``budget.call_usd``),
+  however a session spreads its calls over the replicas. One write holds ``gateway.hold_usd``
+  beyond the call, so the calls that fit in it need none. A gateway gives back what an attempt
+  holds beyond its spend once the attempt ends (``Gateway.close``: its harness is over, and
+  nothing of it in flight) or the gateway stops; one killed meanwhile leaves its hold, which
+  counts in full. The controller sums the annotations into the capture record.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
@@ -34,13 +38,14 @@ from runner.gateway.local import check_upstream
 from runner.gateway.server import USAGE_FIELDS, Attempt, Gateway, GatewayThread
 from runner.gateway.tokens import Claims
 from runner.k8s import manifests, names, podstate
-from runner.k8s.api import Kube
+from runner.k8s.api import Conflict, Kube
 from runner.k8s.podcache import PodCache
 from runner.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SETTLE_SECONDS = 15.0  # how long the controller waits for the gateways' calls of an ended harness to be counted
+SETTLE_SECONDS = 15.0  # how long the controller waits for the gateways to settle the meter of an ended harness
+CLOSE_SECONDS = 1.0  # how often the gateway gives back what ended attempts hold
 PRUNE_SECONDS = 60.0  # how often the gateway drops the meters of attempts whose pods are gone
 
 
@@ -51,10 +56,15 @@ def meter_key(gateway_pod: str) -> str:
 
 
 def meter_lease(instance: str, namespace: str, pod: dict[str, Any], gateway_pod: str, claims: Claims,
-                state: dict[str, Any]) -> dict[str, Any]:
-    """The Lease of one attempt, carrying ``gateway_pod``'s meter of it; owned by the session
-    pod, so the garbage collector deletes it with the pod."""
+                state: dict[str, Any], lease: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Lease of one attempt, carrying ``gateway_pod``'s meter of it: ``lease`` (as read) with
+    that meter in place, to be written at its resourceVersion, or a new Lease owned by the
+    session pod, so the garbage collector deletes it with the pod."""
     meta = pod["metadata"]
+    meter = {meter_key(gateway_pod): json.dumps(state, sort_keys=True, separators=(",", ":"))}
+    if lease is not None:
+        kept = lease["metadata"]
+        return {**lease, "metadata": {**kept, "annotations": {**(kept.get("annotations") or {}), **meter}}}
     return {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -63,23 +73,23 @@ def meter_lease(instance: str, namespace: str, pod: dict[str, Any], gateway_pod:
             "namespace": namespace,
             "labels": {**names.component_labels(instance, names.GATEWAY_COMPONENT),
                        names.CAMPAIGN: names.label_value(claims.campaign)},
-            "annotations": {meter_key(gateway_pod): json.dumps({**state, "call_usd": claims.call_usd or "0"},
-                                                               sort_keys=True, separators=(",", ":"))},
+            "annotations": meter,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"]}],
         },
         "spec": {},
     }
 
 
-def meters_of(annotations: dict[str, str]) -> list[dict[str, Any]]:
-    """Each gateway pod's meter in a Lease's annotations (one that does not parse is skipped: a
-    Lease is ours alone, but its annotations are not proof of anything else)."""
+def meters_of(annotations: dict[str, str], but: str | None = None) -> list[dict[str, Any]]:
+    """Each gateway pod's meter in a Lease's annotations, but gateway pod ``but``'s (one that
+    does not parse is skipped: a Lease is ours alone, but its annotations are not proof of
+    anything else)."""
     out = []
     for k, v in annotations.items():
-        if k.startswith(names.METER_PREFIX + "/"):
+        if k.startswith(names.METER_PREFIX + "/") and (but is None or k != meter_key(but)):
             try:
                 m = json.loads(v)
-                Decimal(m["cost_usd"]), Decimal(m["call_usd"]), int(m["in_flight"])
+                Decimal(m["cost_usd"]), Decimal(m["held_usd"]), int(m["calls"])
             except (ValueError, TypeError, KeyError, ArithmeticError):
                 log.warning("lease annotation %s is not a meter: %.80s", k, v)
                 continue
@@ -87,25 +97,31 @@ def meters_of(annotations: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-def carried_usd(meters: list[dict[str, Any]]) -> Decimal:
-    """The most the calls in ``meters`` may have cost: what was metered, and each call still in
-    flight (or cut by a gateway that stopped) at call_usd."""
-    return sum((Decimal(m["cost_usd"]) + int(m["in_flight"]) * Decimal(m["call_usd"]) for m in meters), Decimal(0))
+def claim(meter: dict[str, Any]) -> Decimal:
+    """The most one gateway's calls of an attempt may have cost: what it holds (its calls are
+    forwarded within it), or what it metered where the provider's usage went past it."""
+    return max(Decimal(meter["cost_usd"]), Decimal(meter["held_usd"]))
+
+
+def settled(meters: list[dict[str, Any]]) -> bool:
+    """Whether every gateway has given back what it held beyond its spend (Gateway.close)."""
+    return all(Decimal(m["held_usd"]) <= Decimal(m["cost_usd"]) for m in meters)
 
 
 def total(meters: list[dict[str, Any]]) -> dict[str, Any]:
     """The capture record's meter of an attempt, summed over the gateways that served it; a
-    call still in flight when it was read (its gateway stopped mid-call) counts at call_usd."""
-    cut = sum(int(m["in_flight"]) for m in meters)
+    gateway that never gave its hold back (it was killed, or had not settled in time) counts at
+    its hold, and the record says how much of the cost that is."""
+    unsettled = sum((claim(m) - Decimal(m["cost_usd"]) for m in meters), Decimal(0))
     record: dict[str, Any] = {
         "calls": sum(int(m["calls"]) for m in meters),
         "usage": {k: sum(int(m["usage"].get(k, 0)) for m in meters) for k in USAGE_FIELDS},
-        "cost_usd": str(carried_usd(meters)),
+        "cost_usd": str(sum((claim(m) for m in meters), Decimal(0))),
         "unpriced_models": sorted({x for m in meters for x in m.get("unpriced_models", [])}),
         "refused": sum(int(m.get("refused", 0)) for m in meters),
     }
-    if cut:
-        record["cut_calls"] = cut
+    if unsettled:
+        record["held_usd"] = str(unsettled)
     return record
 
 
@@ -144,20 +160,22 @@ class SessionPods:
 
 
 class LeaseMeters:
-    """Writes this gateway pod's meter of each attempt into the attempt's Lease, from
-    ``WRITERS`` threads of its own. Changes that come faster than the API takes them are
-    coalesced (an attempt's latest state is what is written, by one thread at a time, so an
-    older state never lands after a newer one); ``kept`` waits until an attempt's latest
-    change is written (the gateway waits so before it forwards a call); a write that fails is
-    logged and tried again."""
+    """This gateway pod's side of the attempts' Leases (runner.gateway.server.Shared): a hold
+    written at once, under the attempt's own lock, at the resourceVersion last seen (read again
+    on a conflict); other writes (a hold given back, the counts at the end) from ``WRITERS``
+    threads of its own, each attempt's latest state written by one thread at a time, and a
+    failed write logged and tried again."""
 
-    WRITERS = 8
+    WRITERS = 4
+    CONFLICTS = 20  # writes tried against a Lease that keeps changing before the call is refused
 
     def __init__(self, kube: Kube, instance: str, pods: SessionPods, gateway_pod: str) -> None:
         self.kube, self.instance, self.pods, self.gateway_pod = kube, instance, pods, gateway_pod
-        self._dirty: dict[Attempt, tuple[Claims, dict[str, Any], int]] = {}
-        self._version: dict[Attempt, int] = {}
-        self._written: dict[Attempt, int] = {}
+        self.state_of: Callable[[Attempt], dict[str, Any] | None] = lambda attempt: None  # the gateway's
+        self.writes = 0  # Lease writes made (a figure for bench/gateway_cluster.py)
+        self._leases: dict[Attempt, dict[str, Any] | None] = {}  # as last read or written
+        self._locks: dict[Attempt, threading.Lock] = {}
+        self._dirty: dict[Attempt, Claims] = {}
         self._busy: set[Attempt] = set()
         self._cond = threading.Condition()
         self._stopping = False
@@ -179,39 +197,85 @@ class LeaseMeters:
         if self._dirty:
             log.error("%d meter(s) not written to their Lease before the gateway stopped", len(self._dirty))
 
-    def changed(self, claims: Claims, state: dict[str, Any]) -> None:
-        with self._cond:
-            key = claims.attempt_key
-            self._version[key] = version = self._version.get(key, 0) + 1
-            self._dirty[key] = (claims, state, version)
-            self._cond.notify_all()
+    # -- Shared --------------------------------------------------------------------------------
+    def others(self, claims: Claims) -> Decimal:
+        with self._lock(claims.attempt_key):
+            lease = self._read(claims)
+        return self._others(lease)
 
-    def kept(self, claims: Claims, timeout: float = 10.0) -> None:
-        """Return once the attempt's latest change is in its Lease; TimeoutError past ``timeout``."""
+    def hold(self, claims: Claims, propose: Callable[[Decimal], dict[str, Any] | None | bool],
+             accept: Callable[[dict[str, Any]], None]) -> bool:
         key = claims.attempt_key
+        with self._lock(key):
+            lease = self._leases.get(key) if key in self._leases else self._read(claims)
+            for _ in range(self.CONFLICTS):
+                state = propose(self._others(lease))
+                if state is None or state is True:
+                    return state is True
+                assert isinstance(state, dict)
+                try:
+                    self._write(claims, state, lease)
+                except Conflict:
+                    lease = self._read(claims)
+                    continue
+                accept(state)
+                return True
+        raise TimeoutError(f"the Lease of {claims.name} changed under {self.CONFLICTS} writes in a row")
+
+    def changed(self, claims: Claims) -> None:
         with self._cond:
-            want = self._version.get(key, 0)
-            if not self._cond.wait_for(lambda: self._written.get(key, 0) >= want, timeout):
-                raise TimeoutError(f"the meter of {claims.name} was not written to its Lease within {timeout:g} s")
+            self._dirty[claims.attempt_key] = claims
+            self._cond.notify_all()
 
     def forget(self, attempts: list[Attempt]) -> None:
         """Drop what is kept of attempts whose meters the gateway dropped (``Gateway.forget``)."""
         with self._cond:
             for a in attempts:
                 if a not in self._dirty and a not in self._busy:
-                    self._version.pop(a, None)
-                    self._written.pop(a, None)
+                    self._leases.pop(a, None)
+                    self._locks.pop(a, None)
 
-    def carried(self, claims: Claims) -> Decimal:
-        """What other gateway pods metered of the attempt (read when this one first sees it)."""
+    # -- the Lease -----------------------------------------------------------------------------
+    def _lock(self, key: Attempt) -> threading.Lock:
+        with self._cond:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _others(self, lease: dict[str, Any] | None) -> Decimal:
+        ann = (lease or {}).get("metadata", {}).get("annotations") or {}
+        return sum((claim(m) for m in meters_of(ann, but=self.gateway_pod)), Decimal(0))
+
+    def _read(self, claims: Claims) -> dict[str, Any] | None:
+        pod = self.pods.pod(claims)
+        lease = None if pod is None else self.kube.read_lease(pod["metadata"]["name"])
+        self._leases[claims.attempt_key] = lease
+        return lease
+
+    def _write(self, claims: Claims, state: dict[str, Any], lease: dict[str, Any] | None) -> None:
+        """Under the attempt's lock: write ``state`` into ``lease`` (as read); Conflict where it changed."""
         pod = self.pods.pod(claims)
         if pod is None:
-            return Decimal(0)
-        ann = self.kube.lease_annotations(pod["metadata"]["name"]) or {}
-        ann.pop(meter_key(self.gateway_pod), None)
-        return carried_usd(meters_of(ann))
+            raise LookupError(f"{claims.name} has no session pod: its Lease went with it")
+        self.writes += 1
+        self._leases[claims.attempt_key] = self.kube.write_lease(
+            meter_lease(self.instance, self.kube.namespace, pod, self.gateway_pod, claims, state, lease))
 
-    def _take(self) -> tuple[Claims, dict[str, Any], int] | None:
+    def _write_latest(self, claims: Claims) -> None:
+        """Write the gateway's current state of the attempt, whatever the others wrote meanwhile."""
+        key = claims.attempt_key
+        with self._lock(key):
+            lease = self._leases.get(key) if key in self._leases else self._read(claims)
+            for _ in range(self.CONFLICTS):
+                state = self.state_of(key)
+                if state is None or self.pods.pod(claims) is None:
+                    return  # dropped, or its pod is gone and its Lease with it: nobody will read this meter
+                try:
+                    self._write(claims, state, lease)
+                    return
+                except Conflict:
+                    lease = self._read(claims)
+        raise TimeoutError(f"the Lease of {claims.name} changed under {self.CONFLICTS} writes in a row")
+
+    def _take(self) -> Claims | None:
         """The next attempt to write that no other thread is writing; None once stopping and done."""
         with self._cond:
             while True:
@@ -225,19 +289,16 @@ class LeaseMeters:
 
     def _run(self) -> None:
         failures = 0
-        while (job := self._take()) is not None:
-            claims, state, version = job
+        while (claims := self._take()) is not None:
             key = claims.attempt_key
             try:
-                self._write(claims, state)
+                self._write_latest(claims)
                 failures = 0
-                with self._cond:
-                    self._written[key] = max(self._written.get(key, 0), version)
             except Exception as e:  # noqa: BLE001 - logged, and written again with the next round
                 failures += 1
                 log.error("writing the meter of %s to its Lease failed: %s: %s", claims.name, type(e).__name__, e)
                 with self._cond:
-                    self._dirty.setdefault(key, job)
+                    self._dirty.setdefault(key, claims)
             finally:
                 with self._cond:
                     self._busy.discard(key)
@@ -246,12 +307,6 @@ class LeaseMeters:
                 if self._stopping and failures > 3:
                     return
                 time.sleep(min(10.0, 0.5 * 2 ** min(failures, 5)))
-
-    def _write(self, claims: Claims, state: dict[str, Any]) -> None:
-        pod = self.pods.pod(claims)
-        if pod is None:
-            return  # its pod is gone, and its Lease with it: nobody will read this meter
-        self.kube.put_lease(meter_lease(self.instance, self.kube.namespace, pod, self.gateway_pod, claims, state))
 
 
 def serve(settings: Settings) -> None:
@@ -273,8 +328,8 @@ def serve(settings: Settings) -> None:
     gateway = Gateway(s.provider.base_url, s.provider.api_key.get_secret_value(),
                       s.gateway.token_secret.get_secret_value().encode(), s.gateway.prices,
                       connect_timeout=s.gateway.connect_timeout_seconds, read_timeout=s.gateway.read_timeout_seconds,
-                      ended=pods.ended, changed=meters.changed, carried=meters.carried, persisted=meters.kept,
-                      ca_file=ca_file, policy=s.gateway)
+                      ended=pods.ended, shared=meters, ca_file=ca_file, policy=s.gateway)
+    meters.state_of = gateway.state_of
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -283,9 +338,14 @@ def serve(settings: Settings) -> None:
         with GatewayThread(gateway, host=None, port=s.gateway.port, shutdown_seconds=s.gateway.drain_seconds):
             log.info("gateway %s serving on port %d for %s, forwarding to %s", me, s.gateway.port, k.instance,
                         s.provider.base_url)
-            while not stop.wait(PRUNE_SECONDS):
-                meters.forget(gateway.forget(pods.gone))
+            pruned = time.monotonic()
+            while not stop.wait(CLOSE_SECONDS):
+                gateway.close(lambda claims: pods.ended(claims) is not None)
+                if time.monotonic() - pruned > PRUNE_SECONDS:
+                    meters.forget(gateway.forget(pods.gone))
+                    pruned = time.monotonic()
             log.info("stopping: open calls get %g s", s.gateway.drain_seconds)
+        gateway.close(lambda claims: True)  # this gateway serves no more calls: what it holds goes back
     finally:
         meters.stop()
         pods.cache.stop()

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -73,18 +73,59 @@ class Meter:
     refused: int = 0
     in_flight: int = 0  # calls forwarded and not yet answered whole
     reserved: Decimal = Decimal(0)  # the bounds of the calls in flight
-    # What other gateway pods metered of the attempt (a call in flight at call_usd), read once
-    # before its first call here; None: not read yet (or not asked: a local run's gateway).
-    carried: Decimal | None = None
+    # Where the meter is shared with other gateways (Shared: an install's replicas): what the
+    # others hold of the attempt, as last read (None: not read yet), and what this one holds,
+    # as written there; a call is forwarded only within what this one holds.
+    others: Decimal | None = None
+    held: Decimal = Decimal(0)
+    claims: Claims | None = None  # the attempt's, as its last request named it
+    unwritten: bool = False  # counted since the meter was last written (Shared)
 
     def record(self) -> dict[str, Any]:
         return {"calls": self.calls, "usage": dict(self.usage), "cost_usd": str(self.usd),
                 "unpriced_models": sorted(self.unpriced), "refused": self.refused}
 
-    def state(self) -> dict[str, Any]:
-        """What this gateway metered, and the calls it has in flight: kept where another replica
-        (or this one, restarted) can read it."""
-        return {**self.record(), "in_flight": self.in_flight, "reserved_usd": format(self.reserved.normalize(), "f")}
+    def state(self, held: Decimal | None = None) -> dict[str, Any]:
+        """What this gateway metered and what it holds (``held``: a hold being written): kept
+        where other replicas (or this one, restarted) and the controller read it."""
+        return {**self.record(), "held_usd": format((self.held if held is None else held).normalize(), "f")}
+
+    def committed(self) -> Decimal:
+        """What this gateway has spent of the attempt or may still spend on the calls in flight."""
+        return self.usd + self.reserved
+
+
+def hold_for(limit: Decimal | None, call_usd: Decimal, others: Decimal, committed: Decimal, bound: Decimal,
+             headroom: Decimal) -> Decimal | None:
+    """How much one gateway should hold of an attempt whose ``committed`` (its call of ``bound``
+    included) is past what it holds, when the others hold ``others``: None where the attempt
+    had no room left before this call (the session's limit is spent), else the committed amount
+    plus ``headroom`` for the calls to come, at most what the others leave of limit + call_usd.
+    So the holds of all gateways together never pass limit + call_usd, and each gateway's
+    spend stays within its hold."""
+    if limit is None:
+        return committed + headroom
+    if others + committed - bound >= limit:
+        return None
+    return min(committed + headroom, limit + call_usd - others)  # >= committed: bound <= call_usd
+
+
+class Shared(Protocol):
+    """Where an attempt's meter is shared by several gateways (an install's replicas, and a
+    gateway restarted), each holding part of the session's room: runner/gateway/cluster.py."""
+
+    def others(self, claims: Claims) -> Decimal:
+        """What the other gateways hold of the attempt (a read)."""
+
+    def hold(self, claims: Claims, propose: Callable[[Decimal], dict[str, Any] | None | bool],
+             accept: Callable[[dict[str, Any]], None]) -> bool:
+        """Write this gateway's meter with a larger hold, against what the others hold at that
+        moment (``propose(others)``: the state to write; True: what is held suffices already;
+        None: no room), so that no two gateways hold the same room; ``accept`` the state once it
+        is written. False where there was no room."""
+
+    def changed(self, claims: Claims) -> None:
+        """The meter should be written (its hold released, its last calls counted), soon."""
 
 
 class UsageReader:
@@ -160,18 +201,17 @@ class Gateway:
     """The server's state: who may call (``secret``, ``campaigns``, revoked attempts, and
     ``ended``: where the attempt's end is known elsewhere, its session pod), where to
     (``upstream``, ``key``, ``ca_file``: extra roots for the provider's TLS), and what each
-    attempt spent (``meters``). Where other gateways may have served the attempt too (replicas,
-    a restart), ``changed`` is told of every change of a meter, to keep it where they can read
-    it, ``persisted`` returns once the change that admitted a call is kept (so a gateway killed
-    mid-call has left it there, in flight, and nothing it forwarded goes unmetered), and
-    ``carried`` says what the others metered, read once, when an attempt is first seen here."""
+    attempt spent (``meters``). Where other gateways may serve the attempt too (replicas, a
+    restart), the meter is ``shared``: a call is forwarded only within what this gateway holds
+    there of the session's room, and a hold is raised (by ``gateway.hold_usd`` beyond the call,
+    so one write serves several calls) against what the others hold at that moment. So a
+    gateway killed mid-call has left its hold behind, counted in full, and nothing it forwarded
+    goes unmetered; ``close`` gives back what an ended attempt holds beyond what it spent."""
 
     def __init__(self, upstream: str, key: str, secret: bytes, prices: Mapping[str, ModelPrice],
                  campaigns: Iterable[str] | None = None, connect_timeout: float = 30.0,
                  read_timeout: float = 600.0, ended: Callable[[Claims], str | None] | None = None,
-                 changed: Callable[[Claims, dict[str, Any]], None] | None = None,
-                 carried: Callable[[Claims], Decimal] | None = None,
-                 persisted: Callable[[Claims], None] | None = None, ca_file: str | None = None,
+                 shared: Shared | None = None, ca_file: str | None = None,
                  policy: GatewaySettings | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.policy = policy or GatewaySettings.model_validate({"prices": dict(prices)})
@@ -182,9 +222,7 @@ class Gateway:
         self.revoked: set[Attempt] = set()
         self.meters: dict[Attempt, Meter] = {}
         self.ended = ended or (lambda claims: None)
-        self.changed = changed
-        self.carried = carried
-        self.persisted = persisted
+        self.shared = shared
         self.ca_file = ca_file
         self._lock = threading.Lock()  # revocations come from the runner's threads
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
@@ -210,11 +248,26 @@ class Gateway:
                 del self.meters[a]
         return dropped
 
-    def _changed(self, claims: Claims) -> None:
-        if self.changed is not None:
-            with self._lock:
-                state = self.meters[claims.attempt_key].state()
-            self.changed(claims, state)
+    def state_of(self, attempt: Attempt) -> dict[str, Any] | None:
+        """The meter's state as it should be written (Shared.changed); None once dropped."""
+        with self._lock:
+            meter = self.meters.get(attempt)
+            return None if meter is None else meter.state()
+
+    def close(self, ended: Callable[[Claims], bool]) -> list[Claims]:
+        """Give back what attempts that ``ended`` (their harness is over, their pod going)
+        hold beyond what they spent, where no call of theirs is in flight, so the controller
+        reads their meters as settled. Returns those to write."""
+        closed = []
+        with self._lock:
+            for m in self.meters.values():
+                if m.claims is not None and m.in_flight == 0 and (m.held != m.usd or m.unwritten) and ended(m.claims):
+                    m.held, m.unwritten = m.usd, False
+                    closed.append(m.claims)
+        if self.shared is not None:
+            for claims in closed:
+                self.shared.changed(claims)
+        return closed
 
     # -- the server ---------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -239,10 +292,11 @@ class Gateway:
     def _refuse(self, request: web.Request, claims: Claims | None, status: int, kind: str, why: str) -> web.Response:
         who = claims.name if claims is not None else "no attempt"
         log.warning("refused %s %s (%s): %s", request.method, request.path, who, why)
-        if claims is not None:
+        if claims is not None:  # counted, and written with the meter's next write
             with self._lock:
-                self.meters.setdefault(claims.attempt_key, Meter()).refused += 1
-            self._changed(claims)
+                meter = self._meter(claims)
+                meter.refused += 1
+                meter.unwritten = True
         return _error(status, kind, f"probe-runner gateway: {why}")
 
     def _token(self, request: web.Request) -> str | None:
@@ -274,14 +328,17 @@ class Gateway:
         if (request.method, request.path) not in ALLOWED:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
         metered = request.path == "/v1/messages"  # count_tokens is free
-        if metered and self.carried is not None:
+        if metered and self.shared is not None:
             with self._lock:
-                unread = self.meters.setdefault(claims.attempt_key, Meter()).carried is None
+                unread = self._meter(claims).others is None
             if unread:  # before its first call here, whatever was refused before
-                carried = await asyncio.to_thread(self.carried, claims)
+                try:
+                    others = await asyncio.to_thread(self.shared.others, claims)
+                except Exception as e:  # noqa: BLE001 - not forwarded: the CLI retries a 503
+                    return self._unmetered(claims, e)
                 with self._lock:
-                    meter = self.meters[claims.attempt_key]
-                    meter.carried = carried if meter.carried is None else meter.carried
+                    meter = self._meter(claims)
+                    meter.others = others if meter.others is None else meter.others
         if metered and not self._room(claims):  # before the body is read: a spent session sends nothing more
             return self._spent(request, claims)
         try:
@@ -312,13 +369,16 @@ class Gateway:
         flight = _Flight(self, claims, metered, bound, call.one_hour_cache)
         forward: asyncio.Future[web.StreamResponse] | None = None
         try:
-            if metered and self.persisted is not None:
+            if metered and self.shared is not None and not self._within_hold(claims):
                 try:
-                    await asyncio.to_thread(self.persisted, claims)
+                    held = await asyncio.to_thread(self.shared.hold, claims, lambda others: self._propose(claims, bound, others),
+                                                   lambda state: self._accept(claims, state))
                 except Exception as e:  # noqa: BLE001 - not forwarded: the CLI retries a 503
-                    log.error("%s: the call could not be kept before forwarding it: %s: %s", claims.name, type(e).__name__, e)
                     flight.end(None, reached=False)
-                    return _error(503, "api_error", "probe-runner gateway: the call could not be metered; try again")
+                    return self._unmetered(claims, e)
+                if not held:
+                    flight.end(None, reached=False)
+                    return self._spent(request, claims)
             # the reading runs on whatever the client does (a session gone mid-answer cancels
             # nothing): the call settles at the provider's own usage
             forward = asyncio.ensure_future(self._forward(request, claims, body, flight))
@@ -327,26 +387,58 @@ class Gateway:
             if forward is None or forward.done():  # else the forward reads on, and settles the call itself
                 flight.end(None)  # cut short before an answer was read: at its bound (a no-op once ended)
 
+    def _meter(self, claims: Claims) -> Meter:
+        """The attempt's meter (made at its first request); under the lock."""
+        meter = self.meters.setdefault(claims.attempt_key, Meter())
+        meter.claims = claims
+        return meter
+
     def _room(self, claims: Claims) -> bool:
         with self._lock:
-            return _has_room(self.meters.setdefault(claims.attempt_key, Meter()), claims.limit())
+            return _has_room(self._meter(claims), claims.limit())
 
     def _spent(self, request: web.Request, claims: Claims) -> web.Response:
-        meter = self.meters[claims.attempt_key]
+        with self._lock:
+            m = self.meters[claims.attempt_key]
+            others, usd, in_flight, reserved = m.others, m.usd, m.in_flight, m.reserved
+        held = f", ${others} held by other gateways" if others else ""
         return self._refuse(request, claims, 403, "permission_error",
-                            f"{LIMIT_SPENT} (${claims.limit()}; ${(meter.carried or 0) + meter.usd} metered, {meter.in_flight} call(s) in flight "
-                            f"with ${meter.reserved} reserved)")
+                            f"{LIMIT_SPENT} (${claims.limit()}; ${usd} metered here{held}, {in_flight} call(s) in flight "
+                            f"with ${reserved} reserved)")
+
+    def _unmetered(self, claims: Claims, e: Exception) -> web.Response:
+        log.error("%s: the call could not be metered before forwarding it: %s: %s", claims.name, type(e).__name__, e)
+        return _error(503, "api_error", "probe-runner gateway: the call could not be metered; try again")
+
+    def _within_hold(self, claims: Claims) -> bool:
+        with self._lock:
+            m = self.meters[claims.attempt_key]
+            return m.committed() <= m.held
+
+    def _propose(self, claims: Claims, bound: Decimal, others: Decimal) -> dict[str, Any] | None | bool:
+        """Shared.hold's ``propose``: what to write for a call of ``bound`` (already reserved)."""
+        with self._lock:
+            m = self.meters[claims.attempt_key]
+            m.others = others
+            if m.committed() <= m.held:
+                return True  # another call's hold covers this one too
+            held = hold_for(claims.limit(), claims.call(), others, m.committed(), bound, self.policy.hold_usd)
+            return None if held is None else m.state(held)
+
+    def _accept(self, claims: Claims, state: dict[str, Any]) -> None:
+        with self._lock:
+            m = self.meters[claims.attempt_key]
+            m.held, m.unwritten = Decimal(state["held_usd"]), False
 
     def _admit(self, claims: Claims, bound: Decimal) -> bool:
         """Whether a call may start, its bound reserved: the session still has room (_room). So
         its calls together, however many at once, spend at most its limit plus one call's bound."""
         with self._lock:
-            meter = self.meters.setdefault(claims.attempt_key, Meter())
+            meter = self._meter(claims)
             if not _has_room(meter, claims.limit()):
                 return False
             meter.in_flight += 1
             meter.reserved += bound
-        self._changed(claims)
         return True
 
     async def _forward(self, request: web.Request, claims: Claims, body: bytes, flight: _Flight) -> web.StreamResponse:
@@ -402,7 +494,8 @@ class Gateway:
         """A metered call is over: it settles at its answer's usage where the answer was read
         whole, at nothing where the request never reached the provider, else at its bound."""
         with self._lock:
-            meter = self.meters.setdefault(claims.attempt_key, Meter())
+            meter = self._meter(claims)
+            meter.unwritten = True
             meter.in_flight -= 1
             meter.reserved -= bound
             if not reached:
@@ -422,13 +515,12 @@ class Gateway:
                 meter.usd += bound
                 log.warning("%s: a call's answer was cut short (%s): metered at its bound, $%s", claims.name,
                             "usage so far " + json.dumps(reader.usage) if reader is not None else "no answer", bound)
-        self._changed(claims)
 
 
 def _has_room(meter: Meter, limit: Decimal | None) -> bool:
     """Whether a session has anything left under its limit: what is metered, the bounds of its
-    calls in flight, and what other gateways metered of it."""
-    return limit is None or (meter.carried or 0) + meter.usd + meter.reserved < limit
+    calls in flight, and what other gateways hold of it."""
+    return limit is None or (meter.others or 0) + meter.committed() < limit
 
 
 class _Flight:

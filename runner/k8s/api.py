@@ -48,6 +48,10 @@ class QuotaExceeded(Exception):
     """The namespace's ResourceQuota refused a pod: it may admit it once other pods end."""
 
 
+class Conflict(Exception):
+    """A write made against an object's resourceVersion found it changed: read it again."""
+
+
 class ExecError(Exception):
     """An exec that ran and failed, or a transfer that broke off; safe to try again."""
 
@@ -273,29 +277,38 @@ class Kube:
 
     def lease_annotations(self, name: str) -> dict[str, str] | None:
         """The annotations of Lease ``name``, or None where there is none."""
+        lease = self.read_lease(name)
+        return None if lease is None else dict(lease["metadata"].get("annotations") or {})
+
+    def read_lease(self, name: str) -> dict | None:
+        """Lease ``name`` as a dict (its resourceVersion with it), or None where there is none."""
         try:
             lease = self.call(self.coordination.read_namespaced_lease, name, self.namespace, _request_timeout=30)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        return dict(lease.metadata.annotations or {})
+        return self.api_client.sanitize_for_serialization(lease)
 
     def list_leases(self, label_selector: str) -> list[dict]:
         resp = self.call(self.coordination.list_namespaced_lease, self.namespace, label_selector=label_selector,
                          _request_timeout=60)
         return [self.api_client.sanitize_for_serialization(x) for x in resp.items]
 
-    def put_lease(self, manifest: dict) -> None:
-        """Create the Lease, or merge its labels and annotations into the one that exists."""
+    def write_lease(self, manifest: dict) -> dict:
+        """Create the Lease, or replace it where ``manifest`` carries the resourceVersion it was
+        read at (optimistic concurrency); Conflict where it exists already, or changed since."""
         try:
-            self.call(self.coordination.create_namespaced_lease, self.namespace, manifest, _request_timeout=30)
+            if manifest["metadata"].get("resourceVersion"):
+                out = self.call(self.coordination.replace_namespaced_lease, manifest["metadata"]["name"], self.namespace,
+                                manifest, _request_timeout=30)
+            else:
+                out = self.call(self.coordination.create_namespaced_lease, self.namespace, manifest, _request_timeout=30)
         except ApiException as e:
-            if e.status != 409:
-                raise
-            patch = {"metadata": {k: manifest["metadata"][k] for k in ("labels", "annotations")}}
-            self.call(self.coordination.patch_namespaced_lease, manifest["metadata"]["name"], self.namespace, patch,
-                      _request_timeout=30)
+            if e.status == 409:
+                raise Conflict(f"Lease {manifest['metadata']['name']} changed since it was read") from e
+            raise
+        return self.api_client.sanitize_for_serialization(out)
 
     # ---- jobs --------------------------------------------------------------------------------
 

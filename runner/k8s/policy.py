@@ -28,6 +28,8 @@ from runner.settings import Settings
 
 DNS_PORT = 53
 HTTPS_PORT = 443
+API_SERVER_PORTS = (443, 6443)  # the kubernetes Service's port, and the API server's own on most clusters
+LINK_LOCAL_V4, LINK_LOCAL_V6 = "169.254.0.0/16", "fe80::/10"  # the metadata service's
 # Where Cilium's DNS proxy sees the proxy pods' lookups: the cluster DNS pods (kube-dns or
 # CoreDNS, both labelled k8s-app=kube-dns in kube-system).
 CLUSTER_DNS = {"k8s:io.kubernetes.pod.namespace": "kube-system", "k8s:k8s-app": "kube-dns"}
@@ -151,17 +153,47 @@ def session_network_policy(settings: Settings) -> dict[str, Any]:
 
 
 def gateway_network_policy(settings: Settings) -> dict[str, Any]:
-    """Gateway pods: ingress only from session pods on the gateway port. Their egress (the
-    provider, and the API server they watch session pods through and keep meters at) stays
-    open, as the controller's: the API server's address is not known to the chart."""
+    """Gateway pods: ingress only from session pods on the gateway port; egress to the
+    provider's port at kube.provider_ip_blocks (as the egress proxy's), DNS to the cluster DNS
+    pods alone (to resolve the provider), and the API server (kube.api_server; where it is
+    not known, ports 443 and 6443 at any address but the link-local ones). The process that
+    holds the key and parses sessions' requests reaches nothing else: no metadata service, no
+    other pod, no other port."""
+    k = settings.kube
     _, port = gateway_endpoint(settings)
     return _network_policy(settings, names.GATEWAY_COMPONENT, {
-        "policyTypes": ["Ingress"],
+        "policyTypes": ["Ingress", "Egress"],
         "ingress": [{
-            "from": [{"podSelector": {"matchLabels": names.selector(settings.kube.instance, names.SESSION_COMPONENT)}}],
+            "from": [{"podSelector": {"matchLabels": names.selector(k.instance, names.SESSION_COMPONENT)}}],
             "ports": [{"protocol": "TCP", "port": port}],
         }],
+        "egress": [*_provider_and_dns(settings), *_api_server(settings)],
     })
+
+
+def _provider_and_dns(settings: Settings) -> list[dict[str, Any]]:
+    """Egress to the provider's port at kube.provider_ip_blocks, and DNS to the cluster's DNS pods."""
+    k = settings.kube
+    _, provider_port = provider_endpoint(settings)
+    return [
+        {"to": [b.policy() for b in k.provider_ip_blocks], "ports": [{"protocol": "TCP", "port": provider_port}]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": k.dns_namespace}},
+                 "podSelector": {"matchLabels": dict(k.dns_pod_labels)}}],
+         "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+    ]
+
+
+def _api_server(settings: Settings) -> list[dict[str, Any]]:
+    """Egress to the API server: one rule per known endpoint, or its usual ports anywhere but
+    link-local addresses where none is known (a NetworkPolicy sees the endpoint, after the
+    kubernetes Service's address is translated, and a chart rendered without a cluster cannot
+    look it up)."""
+    known = settings.kube.api_server
+    if known:
+        return [{"to": [{"ipBlock": {"cidr": e.cidr}}], "ports": [{"protocol": "TCP", "port": e.port}]} for e in known]
+    return [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [LINK_LOCAL_V4]}},
+                    {"ipBlock": {"cidr": "::/0", "except": [LINK_LOCAL_V6]}}],
+             "ports": [{"protocol": "TCP", "port": p} for p in API_SERVER_PORTS]}]
 
 
 def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) -> dict[str, Any]:
@@ -186,13 +218,7 @@ def proxy_network_policy(settings: Settings, *, egress_by_cilium: bool = False) 
         }],
     }
     if not egress_by_cilium:
-        _, provider_port = provider_endpoint(settings)
-        spec["egress"] = [
-            {"to": [b.policy() for b in k.provider_ip_blocks], "ports": [{"protocol": "TCP", "port": provider_port}]},
-            {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": k.dns_namespace}},
-                     "podSelector": {"matchLabels": dict(k.dns_pod_labels)}}],
-             "ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
-        ]
+        spec["egress"] = _provider_and_dns(settings)
     return _network_policy(settings, names.PROXY_COMPONENT, spec)
 
 

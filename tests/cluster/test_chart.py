@@ -424,6 +424,16 @@ def test_helm_uninstall_keeps_the_session_policy(kube_cluster):
     net = client.NetworkingV1Api(kube_cluster.api_client())
     policy = names.object_name(release, "session", "policy")
     assert policy in {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
+    # Issue 28: the gateway's egress reaches the API server at the endpoints the chart looked up
+    # at install (the kubernetes EndpointSlice), as the controller's settings name them too.
+    sl = client.DiscoveryV1Api(kube_cluster.api_client()).read_namespaced_endpoint_slice("kubernetes", "default")
+    endpoints = [{"cidr": f"{a}/32", "port": p.port} for e in sl.endpoints for a in e.addresses for p in sl.ports]
+    assert endpoints
+    gateway = net.read_namespaced_network_policy(names.object_name(release, "gateway", "policy"), namespace)
+    api_rules = [{"cidr": r.to[0].ip_block.cidr, "port": r.ports[0].port} for r in gateway.spec.egress[2:]]
+    assert api_rules == endpoints and gateway.spec.policy_types == ["Ingress", "Egress"]
+    cm = client.CoreV1Api(kube_cluster.api_client()).read_namespaced_config_map(f"{release}-settings", namespace)
+    assert json.loads(cm.data["RUNNER_KUBE__API_SERVER"]) == endpoints
     chart.helm("uninstall", release, *kubeconfig, "--wait", "--timeout", "60s")
     left = {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
     assert left == {policy}  # the gateway's and the Jobs' policies went with the release

@@ -50,6 +50,21 @@ SIDE_SCENARIOS = {"scenarios": [
      "turns": [{"text": "side answer"}]}]}  # $0.315 a call at Sonnet's list price
 SIDE_BODY = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 10, "tools": [{"name": "t", "input_schema": {"type": "object"}}],
                         "messages": [{"role": "user", "content": SIDE}]}).encode()
+# The same call asking for enough output that its bound covers what the scenario reports ($0.315),
+# as a real answer's usage always is: $0.375 of output and its body's bytes at the input rate.
+BOUNDED_BODY = SIDE_BODY.replace(b'"max_tokens": 10', b'"max_tokens": 25000')
+
+
+def _bound(body: bytes) -> Decimal:
+    """The most the gateway reserves for ``body`` (runner/gateway/policy.py, default settings)."""
+    from runner.gateway import policy
+    from runner.gateway.server import price_of
+    from runner.settings import DEFAULT_PRICES, GatewaySettings
+
+    call = policy.check(GatewaySettings(), None, body, None, "", counting=False)
+    price = price_of(DEFAULT_PRICES, call.model)
+    assert price is not None
+    return policy.bound(price, call, GatewaySettings().context_tokens)
 
 
 @pytest.fixture
@@ -65,14 +80,16 @@ class GatewayProcess:
     """``probe-runner gateway`` as the chart's Deployment runs it: its settings from the
     environment, its own pod name, the key and the token secret; on loopback here."""
 
-    def __init__(self, kube_cluster, namespace: str, upstream: str, secret: bytes, pod_name: str, port: int) -> None:
+    def __init__(self, kube_cluster, namespace: str, upstream: str, secret: bytes, pod_name: str, port: int,
+                 **settings: str) -> None:
         self.port, self.url = port, f"http://127.0.0.1:{port}"
         self.log = Path(tempfile.mkstemp(prefix=f"{pod_name}-", suffix=".log")[1])
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         env.update({"RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig), "RUNNER_KUBE__NAMESPACE": namespace,
                     "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": KEY,
                     "RUNNER_GATEWAY__TOKEN_SECRET": secret.decode(), "RUNNER_GATEWAY__PORT": str(port),
-                    "RUNNER_GATEWAY__DRAIN_SECONDS": "1", "RUNNER_LOG__LEVEL": "info", "POD_NAME": pod_name})
+                    "RUNNER_GATEWAY__DRAIN_SECONDS": "1", "RUNNER_LOG__LEVEL": "info", "POD_NAME": pod_name,
+                    **{f"RUNNER_GATEWAY__{k.upper()}": v for k, v in settings.items()}})
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "runner", "gateway"], env=env, stdout=out,
                                          stderr=subprocess.STDOUT)
@@ -157,15 +174,23 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
             assert all(a[0] == 401 for a in answers[:-1]), answers
             assert json.loads(body)["usage"]["input_tokens"] == 100000
             assert {r["credential"] for r in provider.requests if r["path"].startswith("/v1/messages")} == {"key"}
-            # the call was in the Lease, in flight, before it was forwarded; then its answer's usage
-            (meter,) = _wait("the answered call in the attempt's Lease", lambda: (
-                m := meters_of(kube.lease_annotations(pod) or {})) and m[0]["calls"] == 1 and m)
-            assert meter == {"calls": 1, "usage": {"input_tokens": 100000, "output_tokens": 1000,
-                                                   "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-                             "cost_usd": "0.315", "unpriced_models": [], "refused": len(answers),  # the calls before
-                             "in_flight": 0, "reserved_usd": "0", "call_usd": "0.5"}
+            # Before the call was forwarded, the Lease held its bound and gateway.hold_usd ($1) more
+            # (the session has no limit), with what was counted so far: the refusals before it.
+            zero = dict.fromkeys(["input_tokens", "output_tokens", "cache_creation_input_tokens",
+                                  "cache_read_input_tokens"], 0)
+            assert meters_of(kube.lease_annotations(pod) or {}) == [
+                {"calls": 0, "usage": zero, "cost_usd": "0", "unpriced_models": [], "refused": len(answers),
+                 "held_usd": str(_bound(SIDE_BODY) + 1)}]
             owner = client.CoordinationV1Api(kube_cluster.api_client()).read_namespaced_lease(pod, namespace)
             assert [(o.kind, o.name) for o in owner.metadata.owner_references] == [("Pod", pod)]
+        finally:
+            gw.stop()  # SIGTERM: it gives back what it holds beyond the spend, with its counts
+        assert meters_of(kube.lease_annotations(pod) or {}) == [
+            {"calls": 1, "usage": {"input_tokens": 100000, "output_tokens": 1000, "cache_creation_input_tokens": 0,
+                                   "cache_read_input_tokens": 0},
+             "cost_usd": "0.315", "unpriced_models": [], "refused": len(answers), "held_usd": "0.315"}]
+        gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port())
+        try:
             kube.delete_pod(pod, grace_seconds=0)
             _wait("the refusal of an ended attempt", lambda: _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 401)
             # another campaign's token, a forged one and a path outside the allow-list, each with its reason
@@ -180,39 +205,80 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
 
 def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_cluster, nodes, namespace):  # noqa: F811
     """Issue 15: "a gateway restart does not fail running sessions", and the limit at the
-    gateway "so side calls count" must survive it. Gateway A meters one $0.315 call of a
-    session limited to $0.5 and is killed (SIGKILL: nothing is flushed at exit); gateway B, a new
-    pod, admits one more call (0.315 < 0.5) and refuses the next, even after a refused request of
-    the attempt came first; the controller's sum of the Lease is both calls. Before the Lease, B
-    started from nothing and admitted two more."""
+    gateway "so side calls count" must survive it. Gateway A forwards one call of a session
+    limited to $0.5 (it costs $0.315; its bound, $0.376, is what A holds, gateway.hold_usd 0)
+    and is killed (SIGKILL: nothing is given back at exit); gateway B, a new pod, counts A's
+    hold as spent, admits one more call (0.376 < 0.5) and refuses the next, even after a
+    refused request of the attempt came first; the controller's sum of the Lease is A at its
+    hold (its answer was never settled in the Lease) and B at what it metered."""
     secret = secrets.token_hex(24).encode()
     kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
     campaign = f"gw-{_uid()}"
     token = _token(secret, campaign, limit="0.5", call="0.5")
+    bound = _bound(BOUNDED_BODY)
     with ScriptedProvider(SIDE_SCENARIOS, api_key=KEY) as provider:
         pod = _session_pod(kube, campaign)
-        a = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port())
+        a = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port(), hold_usd="0")
         try:
-            _wait("a served call", lambda: _request(a.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 200)
-            _wait("A's answered call in the Lease", lambda: (m := meters_of(kube.lease_annotations(pod) or {}))
-                  and m[0]["calls"] == 1)
+            _wait("a served call", lambda: _request(a.url, "POST", "/v1/messages", token, BOUNDED_BODY)[0] == 200)
         finally:
             a.stop(signal.SIGKILL)
-        b = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-b", free_port())
+        b = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-b", free_port(), hold_usd="0")
         try:
             # A refused request first (a path outside the allow-list): before, it left B a meter
             # of the attempt that had never read A's, and B then admitted two more calls.
             assert _request(b.url, "GET", "/v1/files", token)[0] == 404
-            assert _request(b.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 200
-            status, body = _request(b.url, "POST", "/v1/messages", token, SIDE_BODY)
+            assert _request(b.url, "POST", "/v1/messages", token, BOUNDED_BODY)[0] == 200
+            status, body = _request(b.url, "POST", "/v1/messages", token, BOUNDED_BODY)
             assert status == 403 and tokens.LIMIT_SPENT.encode() in body, body
-            assert b"$0.630 metered" in body, body
+            assert f"$0.315 metered here, ${bound} held by other gateways".encode() in body, body
         finally:
-            b.stop()  # SIGTERM: what is left is written before it exits
+            b.stop()  # SIGTERM: it gives back what it holds beyond its spend
         both = meters_of(kube.lease_annotations(pod) or {})
-    assert total(both) == {"calls": 2, "usage": {"input_tokens": 200000, "output_tokens": 2000,
+    assert total(both) == {"calls": 1, "usage": {"input_tokens": 100000, "output_tokens": 1000,
                                                  "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-                           "cost_usd": "0.630", "unpriced_models": [], "refused": 2}
+                           "cost_usd": str(bound + Decimal("0.315")), "unpriced_models": [], "refused": 2,
+                           "held_usd": str(bound)}
+
+
+def test_a_session_calling_every_replica_directly_spends_at_most_its_limit_and_one_call(kube_cluster, nodes, namespace):  # noqa: F811
+    """Issue 28, item 3: "one meter per attempt across replicas, exact, with N gateway replicas
+    and a session calling each pod directly". Two gateways serve at once, as the chart's two
+    replicas do; a hostile session limited to $1 (a call's most: $0.5) sends 16 calls at once
+    spread over both, then alternates between them until both refuse. Before, each replica
+    read the other's meter once, at the attempt's first call, and each admitted calls until its
+    own meter reached $1: eight calls ($2.52). Now a call is forwarded only within what its
+    gateway holds in the Lease, written at the Lease's resourceVersion against what the other
+    holds: together at most $1.5, and the meter the controller reads is the calls served."""
+    secret = secrets.token_hex(24).encode()
+    kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
+    campaign = f"gw-{_uid()}"
+    token = _token(secret, campaign, limit="1.0", call="0.5")
+    with ScriptedProvider(SIDE_SCENARIOS, api_key=KEY) as provider:
+        pod = _session_pod(kube, campaign)
+        a = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port())
+        b = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-b", free_port())
+        try:
+            _wait("the pod in both gateways' watch", lambda: all(
+                _request(g.url, "POST", "/v1/messages/count_tokens", token, SIDE_BODY)[0] == 200 for g in (a, b)))
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(16) as pool:
+                burst = list(pool.map(lambda i: _request((a, b)[i % 2].url, "POST", "/v1/messages", token, BOUNDED_BODY),
+                                      range(16)))
+            after = [_request((a, b)[i % 2].url, "POST", "/v1/messages", token, BOUNDED_BODY) for i in range(8)]
+        finally:
+            a.stop()
+            b.stop()
+        meters = meters_of(kube.lease_annotations(pod) or {})
+    served = sum(status == 200 for status, _ in burst + after)
+    assert {status for status, _ in burst + after} <= {200, 403}, burst + after
+    assert all(tokens.LIMIT_SPENT.encode() in body for status, body in burst + after if status == 403)
+    assert [status for status, _ in after[-2:]] == [403, 403]  # both replicas refuse in the end
+    assert 3 <= served and served * Decimal("0.315") <= Decimal("1.5"), served
+    assert total(meters)["calls"] == served and Decimal(total(meters)["cost_usd"]) == served * Decimal("0.315")
+    assert len(meters) == 2 and all(Decimal(m["held_usd"]) == Decimal(m["cost_usd"]) for m in meters), meters
+    assert {r["credential"] for r in provider.requests if r["path"] == "/v1/messages"} == {"key"}
+    assert sum(r["path"] == "/v1/messages" for r in provider.requests) == served  # nothing forwarded unmetered
 
 
 def test_a_campaign_of_the_real_cli_runs_through_the_gateway_across_its_restart(  # noqa: F811
@@ -269,9 +335,9 @@ def test_a_campaign_of_the_real_cli_runs_through_the_gateway_across_its_restart(
         stream = Decimal(str(json.loads(st.get(capture["stream"]["key"]).splitlines()[-1])["total_cost_usd"]))
         metered = Decimal(meter["cost_usd"])
         assert meter["calls"] >= 1 and Decimal(state.detail["cost_usd"]) == max(stream, metered), meter  # the books
-        # A call the kill cut counts at call_usd ($2, the default): the most it could have cost.
-        cut = meter.get("cut_calls", 0)
-        assert stream - Decimal("1e-6") <= metered <= stream + cut * Decimal("2.0") + Decimal("1e-6"), (meter, stream)
-        if not cut:
+        # What the killed gateway held and never gave back counts in full: the most it could have cost.
+        held = Decimal(meter.get("held_usd", 0))
+        assert stream - Decimal("1e-6") <= metered <= stream + held + Decimal("1e-6"), (meter, stream)
+        if not held:
             assert abs(metered - stream) < Decimal("1e-6"), (meter, stream)
     assert "gateway" in st.get(f"campaigns/{data['campaign']}/transcripts/campaign-present.md").decode()

@@ -440,7 +440,7 @@ def test_route_pods_are_hardened_and_only_the_gateway_mounts_a_token(values):
     if gateway:
         assert by_kind(objs, "Role")[name]["rules"] == [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "patch"]}]
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
         assert pod["terminationGracePeriodSeconds"] == values_of(values)["gateway"]["drainSeconds"] + 5
     for sa in by_kind(objs, "ServiceAccount").values():  # a pod that needs a token asks for it
         assert sa["automountServiceAccountToken"] is False

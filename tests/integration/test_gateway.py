@@ -214,7 +214,7 @@ def test_a_provider_error_comes_back_unchanged(gateway):
     ("expired", "token refused: expired: camp/P-1/s-001#1 ended at"),
     ("no token", "no session token"),
     ("outside the allow-list", "GET /v1/files is not a path the CLI uses"),
-    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered, 0 call(s) in flight with $0 reserved"),
+    ("limit spent", "the session's spend limit is reached at the gateway ($0; $0 metered here, 0 call(s) in flight with $0 reserved"),
     ("unpriced model", "model 'claude-next-9' has no price at the gateway (gateway.prices), so its calls could not be held"),
 ])
 def test_a_token_or_path_the_gateway_must_refuse_is_refused_with_its_reason_logged(gateway, caplog, case, reason):

@@ -157,7 +157,7 @@ def test_a_spent_session_is_refused_before_its_body_is_read(gateway):
     """Token, path and limit are checked before the body: a spent session announcing 1 GiB gets its
     403 without sending a byte of it."""
     g, secret, url = gateway
-    g.meters[("camp", "P-1", "s-001", 1)] = Meter(usd=Decimal("1"), carried=Decimal(0))  # its $1 spent
+    g.meters[("camp", "P-1", "s-001", 1)] = Meter(usd=Decimal("1"))  # its $1 spent
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

@@ -234,8 +234,9 @@ def test_truth_table(netpol_eval, world):
 def test_with_the_gateway_a_session_reaches_its_port_alone_and_only_sessions_reach_it(netpol_eval):
     """The default install (issue 15): session pods' one route is the gateway's pods on the
     gateway port; the gateway admits session pods alone, of this install, on that port; its
-    egress (the provider, the API server) is not NetworkPolicy's to narrow (asserted open, so a
-    change is seen here); nothing else of the proxy's table changes for the session."""
+    egress (issue 28) reaches the provider's port at public addresses, the cluster DNS and the
+    API server's ports, and nothing else: no metadata service, no other pod, no other port;
+    nothing else of the proxy's table changes for the session."""
     s = Settings(store="file:///tmp/x", kube=KubeSettings())
     k, port = s.kube, gateway_endpoint(s)[1]
     session = pod("10.244.1.10", k.namespace, names.session_labels(k.instance, "c", "HW-PRB-0007", "present-001", 1))
@@ -258,7 +259,14 @@ def test_with_the_gateway_a_session_reaches_its_port_alone_and_only_sessions_rea
         "controller -> gateway": ((controller, gateway, port, "TCP"), frozenset({"gateway ingress"})),
         "another install's session -> gateway": ((other, gateway, port, "TCP"), frozenset({"gateway ingress"})),
         "gateway -> external address, 443": ((gateway, host(EXTERNAL), 443, "TCP"), frozenset()),
-        "gateway -> session": ((gateway, session, 1234, "TCP"), frozenset({"session ingress"})),
+        "gateway -> external address, 22": ((gateway, host(EXTERNAL), 22, "TCP"), frozenset({"gateway egress"})),
+        "gateway -> cluster DNS": ((gateway, kube_dns, 53, "UDP"), frozenset()),
+        "gateway -> the API server's port": ((gateway, host("10.0.0.1"), 6443, "TCP"), frozenset()),
+        "gateway -> a node's SSH": ((gateway, host("10.0.0.1"), 22, "TCP"), frozenset({"gateway egress"})),
+        "gateway -> metadata": ((gateway, host("169.254.169.254"), 80, "TCP"), frozenset({"gateway egress"})),
+        "gateway -> metadata on 443": ((gateway, host("169.254.169.254"), 443, "TCP"), frozenset({"gateway egress"})),
+        "gateway -> controller": ((gateway, controller, 8081, "TCP"), frozenset({"gateway egress"})),
+        "gateway -> session": ((gateway, session, 1234, "TCP"), frozenset({"gateway egress", "session ingress"})),
     }
     verdicts = evaluate(netpol_eval, policies, {row: conn for row, (conn, _) in rows.items()})
     assert {row: denials(v, short) for row, v in verdicts.items()} == {row: want for row, (_, want) in rows.items()}

@@ -8,9 +8,11 @@ import json
 from decimal import Decimal
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runner.gateway import tokens
-from runner.gateway.cluster import SessionPods, carried_usd, meter_lease, meters_of, total
+from runner.gateway.cluster import SessionPods, claim, meter_lease, meters_of, settled, total
 from runner.k8s import canary, names
 
 CLAIMS = tokens.Claims("c1", "HW-PRB-0007", "present-001", 1, 2_000_000_000, "0.5", "0.25")
@@ -21,13 +23,13 @@ POD = {"metadata": {"name": "probe-runner-c1-hw-prb-0007-present-001-1-012345678
 USAGE = {"input_tokens": 100, "output_tokens": 10, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 5}
 
 
-def state(cost: str, calls: int, in_flight: int, refused: int = 0, unpriced: tuple[str, ...] = ()) -> dict:
+def state(cost: str, calls: int, held: str, refused: int = 0, unpriced: tuple[str, ...] = ()) -> dict:
     return {"calls": calls, "usage": dict(USAGE), "cost_usd": cost, "unpriced_models": list(unpriced),
-            "refused": refused, "in_flight": in_flight}
+            "refused": refused, "held_usd": held}
 
 
 def test_the_lease_of_an_attempt_carries_one_gateway_pods_meter_and_is_owned_by_the_session_pod():
-    lease = meter_lease("probe-runner", "ns", POD, "gateway-7f9c-abcde", CLAIMS, state("0.315", 1, 0))
+    lease = meter_lease("probe-runner", "ns", POD, "gateway-7f9c-abcde", CLAIMS, state("0.315", 1, "1.315"))
     assert lease == {
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
@@ -38,24 +40,41 @@ def test_the_lease_of_an_attempt_carries_one_gateway_pods_meter_and_is_owned_by_
                        "app.kubernetes.io/component": "gateway", "app.kubernetes.io/part-of": "probe-runner",
                        "app.kubernetes.io/managed-by": "probe-runner", "probe-runner.io/campaign": "c1"},
             "annotations": {"meter.probe-runner.io/gateway-7f9c-abcde": json.dumps(
-                {**state("0.315", 1, 0), "call_usd": "0.25"}, sort_keys=True, separators=(",", ":"))},
+                state("0.315", 1, "1.315"), sort_keys=True, separators=(",", ":"))},
             # deleted with the pod, when the controller deletes it after journaling the outcome
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": POD["metadata"]["name"], "uid": "pod-uid"}],
         },
         "spec": {},
     }
-    assert meters_of(lease["metadata"]["annotations"]) == [{**state("0.315", 1, 0), "call_usd": "0.25"}]
+    assert meters_of(lease["metadata"]["annotations"]) == [state("0.315", 1, "1.315")]
 
 
-def test_the_controllers_sum_counts_each_gateway_and_a_call_cut_in_flight_at_the_most_one_call_costs():
-    """A gateway pod killed mid-call left that call in flight in its annotation: its usage was
-    never read, so it counts at call_usd, and the record says how many were cut."""
-    a = {**state("0.315", 1, 1, refused=1), "call_usd": "0.25"}
-    b = {**state("0.200", 2, 0, unpriced=("claude-x",)), "call_usd": "0.25"}
-    assert carried_usd([a, b]) == Decimal("0.765")
+def test_a_hold_is_written_into_the_lease_as_read_at_its_resource_version_keeping_the_other_gateways_meters():
+    """Optimistic concurrency: the write carries the Lease's resourceVersion, so a Lease that
+    another gateway changed since it was read is refused (409) and read again."""
+    other = json.dumps(state("0.1", 1, "0.5"), sort_keys=True, separators=(",", ":"))
+    read = meter_lease("probe-runner", "ns", POD, "gateway-b", CLAIMS, state("0.1", 1, "0.5"))
+    read["metadata"].update(resourceVersion="4711", annotations={"meter.probe-runner.io/gateway-b": other})
+    lease = meter_lease("probe-runner", "ns", POD, "gateway-a", CLAIMS, state("0", 0, "1.25"), read)
+    assert lease == {**read, "metadata": {**read["metadata"], "resourceVersion": "4711", "annotations": {
+        "meter.probe-runner.io/gateway-b": other,
+        "meter.probe-runner.io/gateway-a": json.dumps(state("0", 0, "1.25"), sort_keys=True, separators=(",", ":"))}}}
+    assert meters_of(lease["metadata"]["annotations"], but="gateway-a") == [state("0.1", 1, "0.5")]
+
+
+def test_the_controllers_sum_counts_each_gateway_at_its_hold_until_it_gave_back_what_it_did_not_spend():
+    """A gateway pod killed mid-session left its hold in its annotation: what it forwarded
+    within that hold was never read whole, so it counts at the hold, and the record says how
+    much of the cost that is; a gateway that settled counts at what it metered."""
+    a = state("0.315", 1, "1.315", refused=1)  # killed: its hold stands
+    b = state("0.200", 2, "0.200", unpriced=("claude-x",))  # settled
+    assert (claim(a), claim(b)) == (Decimal("1.315"), Decimal("0.200"))
+    assert not settled([a, b]) and settled([b]) and settled([])
     assert total([a, b]) == {
-        "calls": 3, "usage": {k: 2 * v for k, v in USAGE.items()}, "cost_usd": "0.765",
-        "unpriced_models": ["claude-x"], "refused": 1, "cut_calls": 1}
+        "calls": 3, "usage": {k: 2 * v for k, v in USAGE.items()}, "cost_usd": "1.515",
+        "unpriced_models": ["claude-x"], "refused": 1, "held_usd": "1.000"}
+    # the provider's usage past the hold (never so for a real bound) counts as metered
+    assert claim(state("0.9", 1, "0.5")) == Decimal("0.9") and settled([state("0.9", 1, "0.5")])
     assert total([]) == {"calls": 0, "usage": dict.fromkeys(USAGE, 0), "cost_usd": "0", "unpriced_models": [], "refused": 0}
 
 
@@ -71,7 +90,8 @@ def test_a_gateway_pod_of_any_name_has_an_annotation_key_the_api_accepts():
     assert meter_key("gateway-7f9c-abcde") == "meter.probe-runner.io/gateway-7f9c-abcde"
 
 
-@pytest.mark.parametrize("value", ["not json", json.dumps({"calls": 1}), json.dumps({**state("x", 1, 0), "call_usd": "1"})])
+@pytest.mark.parametrize("value", ["not json", json.dumps({"calls": 1}), json.dumps(state("x", 1, "0")),
+                                   json.dumps(state("0", 1, "lots"))])
 def test_an_annotation_that_is_not_a_meter_is_skipped(value):
     assert meters_of({"meter.probe-runner.io/g": value, "other.io/x": "1"}) == []
 
@@ -138,3 +158,48 @@ def test_a_long_lived_gateway_forgets_the_meters_of_attempts_whose_pods_are_gone
     g.meters = {running: Meter(calls=1), gone: Meter(calls=2), gone_in_flight: Meter(calls=1, in_flight=1)}
     assert g.forget(lambda a: a != running) == [gone]
     assert set(g.meters) == {running, gone_in_flight}
+
+
+def test_a_hold_takes_headroom_beyond_the_call_up_to_what_the_other_gateways_leave():
+    from runner.gateway.server import hold_for
+
+    d = Decimal
+    # no limit: the call's commitment and the headroom
+    assert hold_for(None, d("2"), d("5"), d("0.4"), d("0.4"), d("1")) == d("1.4")
+    # room: the headroom, but never past limit + call_usd less what the others hold
+    assert hold_for(d("1"), d("0.5"), d("0"), d("0.4"), d("0.4"), d("1")) == d("1.4")
+    assert hold_for(d("1"), d("0.5"), d("0.6"), d("0.4"), d("0.4"), d("1")) == d("0.9")
+    # the last call of a session with any room left goes, as at one gateway
+    assert hold_for(d("1"), d("0.5"), d("0.6"), d("0.7"), d("0.4"), d("0")) == d("0.7")
+    # no room before this call: refused
+    assert hold_for(d("1"), d("0.5"), d("0.6"), d("0.8"), d("0.4"), d("1")) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 50), st.integers(0, 100), st.booleans()), max_size=60),
+       st.integers(0, 200))
+def test_whatever_order_replicas_admit_calls_in_their_holds_never_pass_the_limit_and_one_call(ops, headroom):
+    """Three gateways, each admitting calls against its own (stale) view of the others, raising
+    its hold with hold_for against the others' holds at that moment (the Lease's
+    resourceVersion makes that write atomic): the holds together stay within limit + call_usd,
+    and each gateway's spend within its own hold."""
+    from runner.gateway.server import hold_for
+
+    limit, call, cents = Decimal(1), Decimal("0.5"), Decimal("0.01")
+    held, committed, seen = [Decimal(0)] * 3, [Decimal(0)] * 3, [Decimal(0)] * 3
+    for r, bound_c, spent_pct, settle in ops:
+        bound = bound_c * cents
+        if seen[r] + committed[r] >= limit:  # the room check, on what it last read of the others
+            continue
+        committed[r] += bound
+        if committed[r] > held[r]:
+            others = sum(held[o] for o in range(3) if o != r)
+            seen[r] = others
+            h = hold_for(limit, call, others, committed[r], bound, headroom * cents)
+            if h is None:
+                committed[r] -= bound
+                continue
+            held[r] = h
+        if settle:  # the answer's usage, at most its bound
+            committed[r] -= bound - bound * spent_pct / 100
+        assert sum(held) <= limit + call and all(c <= h for c, h in zip(committed, held, strict=True))

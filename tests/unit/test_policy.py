@@ -88,20 +88,54 @@ def test_session_policy_follows_instance_namespace_and_route_port():
     }]
 
 
-def test_gateway_policy_admits_sessions_on_its_port_only():
-    assert gateway_network_policy(settings()) == {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": GATEWAY_POLICY, "namespace": "probe-runner", "labels": labels("gateway")},
-        "spec": {
-            "podSelector": {"matchLabels": selector("gateway")},
-            "policyTypes": ["Ingress"],
-            "ingress": [{
-                "from": [{"podSelector": {"matchLabels": selector("session")}}],
-                "ports": [{"protocol": "TCP", "port": 8080}],
-            }],
-        },
-    }
+PROVIDER_AND_DNS = [
+    {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",
+                                                        "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]}},
+            {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "::1/128"]}}],
+     "ports": [{"protocol": "TCP", "port": 443}]},
+    {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+     "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+]
+
+
+def test_gateway_policy_admits_sessions_on_its_port_only_and_reaches_the_provider_dns_and_the_api_server():
+    """Issue 28: "the gateway's own pods have no egress policy: the process that holds the key
+    and parses sessions' requests can reach the metadata service and every address in the
+    cluster; limit it to the provider's ranges on the provider's port, cluster DNS and the API
+    server". Where the API server's endpoints are not known, its two usual ports at any
+    address but the link-local ones."""
+    def policy(egress):
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": GATEWAY_POLICY, "namespace": "probe-runner", "labels": labels("gateway")},
+            "spec": {
+                "podSelector": {"matchLabels": selector("gateway")},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{
+                    "from": [{"podSelector": {"matchLabels": selector("session")}}],
+                    "ports": [{"protocol": "TCP", "port": 8080}],
+                }],
+                "egress": [*PROVIDER_AND_DNS, *egress],
+            },
+        }
+    assert gateway_network_policy(settings()) == policy([
+        {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}},
+                {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10"]}}],
+         "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}])
+    known = settings(api_server=[{"cidr": "10.0.0.1/32", "port": 6443}, {"cidr": "fd00::1/128", "port": 6443}])
+    assert gateway_network_policy(known) == policy([
+        {"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"protocol": "TCP", "port": 6443}]},
+        {"to": [{"ipBlock": {"cidr": "fd00::1/128"}}], "ports": [{"protocol": "TCP", "port": 6443}]}])
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.1", "10.0.0.1/8", "not-an-address/32"])
+def test_an_api_server_address_must_be_a_cidr(cidr):
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="api_server"):
+        settings(api_server=[{"cidr": cidr, "port": 6443}])
 
 
 def test_proxy_policy_admits_sessions_and_reaches_provider_port_and_dns():

@@ -69,3 +69,59 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/*
+The API server's endpoints as JSON [{cidr, port}] (runner/settings.py's kube.api_server):
+networkPolicy.apiServer, else the kubernetes EndpointSlice of the default namespace as the
+cluster holds it at install, else [] (helm template: not known).
+*/}}
+{{- define "probe-runner.apiServer" -}}
+{{- $out := list -}}
+{{- if .Values.networkPolicy.apiServer -}}
+{{- $out = .Values.networkPolicy.apiServer -}}
+{{- else -}}
+{{- $slice := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "kubernetes" -}}
+{{- if $slice -}}
+{{- $bits := ternary "128" "32" (eq ($slice.addressType | default "IPv4") "IPv6") -}}
+{{- range $slice.endpoints -}}
+{{- range .addresses -}}
+{{- $addr := . -}}
+{{- range $slice.ports -}}
+{{- $out = append $out (dict "cidr" (printf "%s/%s" $addr $bits) "port" (.port | int)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $out | toJson -}}
+{{- end }}
+
+{{/*
+Egress to the provider's port at networkPolicy.providerIPBlocks and DNS to the cluster DNS pods
+alone: the egress proxy's and the gateway's (runner/k8s/policy.py's _provider_and_dns).
+*/}}
+{{- define "probe-runner.providerAndDNSEgress" -}}
+- to:
+    {{- range .Values.networkPolicy.providerIPBlocks }}
+    - ipBlock:
+        cidr: {{ .cidr | quote }}
+        {{- with .except }}
+        except: {{ toJson . }}
+        {{- end }}
+    {{- end }}
+  ports:
+    - protocol: TCP
+      port: {{ include "probe-runner.providerPort" . | int }}
+- to:
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: {{ .Values.networkPolicy.dns.namespace | quote }}
+      podSelector:
+        matchLabels:
+          {{- toYaml .Values.networkPolicy.dns.podLabels | nindent 10 }}
+  ports:
+    - protocol: UDP
+      port: 53
+    - protocol: TCP
+      port: 53
+{{- end }}
