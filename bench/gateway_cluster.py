@@ -128,6 +128,7 @@ def _install_gateway(cluster, ns: str, upstream: str, secret: bytes, name: str, 
                 "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": "bench-key",
                 "RUNNER_GATEWAY__TOKEN_SECRET": secret.hex(), "RUNNER_GATEWAY__PORT": str(port),
                 "RUNNER_GATEWAY__HOLD_USD": hold_usd, "RUNNER_LOG__LEVEL": "warning", "POD_NAME": name,
+                "RUNNER_GATEWAY__BIND_TO_POD_ADDRESS": "false",  # the clients are on loopback, not at their pods' addresses
                 "PYTHONPATH": str(REPO)})
     proc = subprocess.Popen([sys.executable, "-m", "runner", "gateway"], env=env)
     url = f"http://127.0.0.1:{port}"

@@ -3,9 +3,10 @@ same ``Gateway`` as a local run's, with what a long-lived server apart from the 
 needs on top:
 
 - **Which attempts run** comes from a watch of the install's session pods: a token is served
-  while its attempt's pod exists, is not being deleted and its harness has not ended. The
-  controller deletes the pod once the outcome is journaled, so that is the revocation, and a
-  restarted gateway knows it again from its first list.
+  while its attempt's pod exists, is not being deleted and its harness has not ended, and only
+  from that pod's own address (``gateway.bind_to_pod_address``). The controller deletes the pod
+  once the outcome is journaled, so that is the revocation, and a restarted gateway knows it
+  again from its first list.
 - **What each attempt spent, and may still spend**, is kept in a Lease named as the attempt's
   pod and owned by it (deleted with it): each gateway pod writes its own meter into its own
   annotation ``meter.probe-runner.io/<gateway pod>``: what it metered, and what it *holds* of
@@ -22,6 +23,7 @@ needs on top:
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -143,6 +145,18 @@ class SessionPods:
         named = (ann.get(names.CAMPAIGN), ann.get(names.PROBE), ann.get(names.SESSION), ann.get(names.ATTEMPT))
         return pod if named == (claims.campaign, claims.probe, claims.session, str(claims.attempt)) else None
 
+    def origin(self, claims: Claims, peer: str) -> str | None:
+        """Why a request of the attempt from ``peer`` is not its pod's own (None: it is): a token
+        is served only from the address of the pod it was minted for, as the watch reports it,
+        so a token read elsewhere (another session's pod, a node) is worth nothing there."""
+        pod = self.pod(claims)
+        status = (pod or {}).get("status") or {}
+        own = {ip["ip"] for ip in status.get("podIPs") or [] if isinstance(ip, dict) and "ip" in ip}
+        own |= {status["podIP"]} if status.get("podIP") else set()
+        if _address(peer) in {_address(ip) for ip in own}:
+            return None
+        return f"used from {peer or 'an unknown address'}, not its session pod's address ({', '.join(sorted(own)) or 'none yet'})"
+
     def gone(self, attempt: Attempt) -> bool:
         """Whether the attempt's pod is gone (its token is then refused for good)."""
         return self.cache.get(manifests.pod_name(self.instance, *attempt)) is None
@@ -157,6 +171,16 @@ class SessionPods:
         if podstate.terminated(pod, "harness") is not None:
             return "the attempt's harness has ended"
         return None
+
+
+def _address(text: str) -> str:
+    """An address in one spelling (an IPv4 client of a dual-stack socket shows as ::ffff:a.b.c.d)."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
 
 
 class LeaseMeters:
@@ -328,7 +352,8 @@ def serve(settings: Settings) -> None:
     gateway = Gateway(s.provider.base_url, s.provider.api_key.get_secret_value(),
                       s.gateway.token_secret.get_secret_value().encode(), s.gateway.prices,
                       connect_timeout=s.gateway.connect_timeout_seconds, read_timeout=s.gateway.read_timeout_seconds,
-                      ended=pods.ended, shared=meters, ca_file=ca_file, policy=s.gateway)
+                      ended=pods.ended, origin=pods.origin if s.gateway.bind_to_pod_address else None,
+                      shared=meters, ca_file=ca_file, policy=s.gateway)
     meters.state_of = gateway.state_of
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -200,7 +200,8 @@ Attempt = tuple[str, str, str, int]
 class Gateway:
     """The server's state: who may call (``secret``, ``campaigns``, revoked attempts, and
     ``ended``: where the attempt's end is known elsewhere, its session pod), where to
-    (``upstream``, ``key``, ``ca_file``: extra roots for the provider's TLS), and what each
+    (``upstream``, ``key``, ``ca_file``: extra roots for the provider's TLS; ``origin``: where
+    a token is bound to the address it is used from, why this one is not it), and what each
     attempt spent (``meters``). Where other gateways may serve the attempt too (replicas, a
     restart), the meter is ``shared``: a call is forwarded only within what this gateway holds
     there of the session's room, and a hold is raised (by ``gateway.hold_usd`` beyond the call,
@@ -211,7 +212,7 @@ class Gateway:
     def __init__(self, upstream: str, key: str, secret: bytes, prices: Mapping[str, ModelPrice],
                  campaigns: Iterable[str] | None = None, connect_timeout: float = 30.0,
                  read_timeout: float = 600.0, ended: Callable[[Claims], str | None] | None = None,
-                 shared: Shared | None = None, ca_file: str | None = None,
+                 origin: Callable[[Claims, str], str | None] | None = None, shared: Shared | None = None, ca_file: str | None = None,
                  policy: GatewaySettings | None = None) -> None:
         self.upstream = upstream.rstrip("/")
         self.policy = policy or GatewaySettings.model_validate({"prices": dict(prices)})
@@ -222,6 +223,7 @@ class Gateway:
         self.revoked: set[Attempt] = set()
         self.meters: dict[Attempt, Meter] = {}
         self.ended = ended or (lambda claims: None)
+        self.origin = origin
         self.shared = shared
         self.ca_file = ca_file
         self._lock = threading.Lock()  # revocations come from the runner's threads
@@ -325,6 +327,9 @@ class Gateway:
         ended = self.ended(claims)
         if ended is not None:
             return self._refuse(request, claims, 401, "authentication_error", f"token refused: {ended}")
+        elsewhere = self.origin(claims, request.remote or "") if self.origin is not None else None
+        if elsewhere is not None:
+            return self._refuse(request, claims, 401, "authentication_error", f"token refused: {elsewhere}")
         if (request.method, request.path) not in ALLOWED:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
         metered = request.path == "/v1/messages"  # count_tokens is free

@@ -42,7 +42,7 @@ class Claims:
     attempt: int
     expires: int                 # Unix seconds: the attempt's deadline
     limit_usd: str | None = None  # the session's limit: no call starts once it is spent (None: no limit)
-    call_usd: str | None = None   # the most one call can cost: what a call in flight may still add
+    call_usd: str | None = None   # the most one call can cost: what the last call may add past the limit
     model: str | None = None      # the campaign's model: the one a call may name (None: any the gateway prices)
     nonce: str = ""              # random: two tokens of one attempt differ
 

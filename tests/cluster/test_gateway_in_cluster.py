@@ -2,10 +2,11 @@
 runs it: ``probe-runner gateway`` in its own process, watching session pods and keeping Leases
 through the real API server of ``kube_cluster``, forwarding to the scripted provider on loopback.
 
-A token is served while its attempt's pod runs; a gateway restarted with another pod name
-carries what the first one metered, so a session's limit holds across it; and a whole campaign
-of the real CLI runs through it (on SimNode), its sessions holding a token and never the key,
-with the gateway killed and started again while it runs.
+A token is served while its attempt's pod runs, and only from that pod's address; a gateway
+restarted with another pod name counts what the first one held, so a session's limit holds
+across it; two gateways serving one session at once hold one meter between them, exactly
+(issue 28); and a whole campaign of the real CLI runs through it (on SimNode), its sessions
+holding a token and never the key, with the gateway killed and started again while it runs.
 """
 
 from __future__ import annotations
@@ -89,6 +90,9 @@ class GatewayProcess:
                     "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": KEY,
                     "RUNNER_GATEWAY__TOKEN_SECRET": secret.decode(), "RUNNER_GATEWAY__PORT": str(port),
                     "RUNNER_GATEWAY__DRAIN_SECONDS": "1", "RUNNER_LOG__LEVEL": "info", "POD_NAME": pod_name,
+                    # the clients here are on loopback, not at their KWOK pods' addresses (but in
+                    # the test of the binding itself)
+                    "RUNNER_GATEWAY__BIND_TO_POD_ADDRESS": "false",
                     **{f"RUNNER_GATEWAY__{k.upper()}": v for k, v in settings.items()}})
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "runner", "gateway"], env=env, stdout=out,
@@ -113,9 +117,10 @@ class GatewayProcess:
             self.proc.wait(30)
 
 
-def _request(url: str, method: str, path: str, token: str | None, body: bytes = b"") -> tuple[int, bytes]:
+def _request(url: str, method: str, path: str, token: str | None, body: bytes = b"",
+             source: str | None = None) -> tuple[int, bytes]:
     host, port = url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30, source_address=(source, 0) if source else None)
     try:
         headers = {"content-type": "application/json", "anthropic-version": "2023-06-01",
                    **({"x-api-key": token} if token else {})}
@@ -130,11 +135,11 @@ def _token(secret: bytes, campaign: str, limit: str | None = None, call: str = "
     return tokens.mint(secret, tokens.Claims(campaign, "HW-PRB-0007", "present-001", 1, int(time.time()) + 600, limit, call))
 
 
-def _session_pod(kube: Kube, campaign: str) -> str:
+def _session_pod(kube: Kube, campaign: str, session: str = "present-001") -> str:
     settings = load_settings(store="file:///unused", kube={"namespace": kube.namespace})
     data = json.loads(demo.PLAN.read_text())
     data["campaign"] = campaign
-    pod = manifests.session_pod(settings, parse_plan(data, "plan"), "HW-PRB-0007", "present-001", 1, "task",
+    pod = manifests.session_pod(settings, parse_plan(data, "plan"), "HW-PRB-0007", session, 1, "task",
                                 manifests.Route("http://127.0.0.1:1", token="t"))
     kube.create_pod(pod)
     return pod["metadata"]["name"]
@@ -201,6 +206,48 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
     log = gw.text()
     assert f"refused POST /v1/messages ({campaign}/HW-PRB-0007/present-001#1): token refused: the attempt has no session pod" in log
     assert "token refused: forged: the signature does not match" in log
+
+
+@pytest.fixture
+def on_loopback() -> Iterator[list[str]]:
+    """Addresses put on the loopback device for a test (root), and taken off after it."""
+    added: list[str] = []
+    yield added
+    for ip in added:
+        subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], check=False)
+
+
+def test_a_token_is_served_only_from_its_own_pods_address(kube_cluster, nodes, namespace, on_loopback):  # noqa: F811
+    """Issue 28, item 4: tokens "usable only from their own pod's address (the gateway knows it
+    from its watch)". Two session pods of one campaign, their KWOK addresses put on this host's
+    loopback so a client can send from each: the first pod's token is served from its own
+    address, and refused from the other pod's (a token one session read off another's
+    environment) and from the host's (a node, a pod outside the campaign), each with the reason
+    in the gateway's log. Before, a token was served from any address."""
+    secret = secrets.token_hex(24).encode()
+    kube = Kube(KubeSettings(namespace=namespace, kubeconfig=kube_cluster.kubeconfig))
+    campaign = f"gw-{_uid()}"
+    token = _token(secret, campaign)
+    with ScriptedProvider(SIDE_SCENARIOS, api_key=KEY) as provider:
+        pods = [_session_pod(kube, campaign), _session_pod(kube, campaign, "present-002")]
+        core = client.CoreV1Api(kube_cluster.api_client())
+        ips = [_wait(f"{p}'s address", lambda p=p: core.read_namespaced_pod(p, namespace).status.pod_ip) for p in pods]
+        for ip in ips:
+            subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], check=True)
+            on_loopback.append(ip)
+        gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port(),
+                            bind_to_pod_address="true")
+        try:
+            _wait("the pod's call served from its address",
+                  lambda: _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY, source=ips[0])[0] == 200)
+            for source in (ips[1], "127.0.0.1"):
+                status, body = _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY, source=source)
+                assert status == 401 and f"used from {source}, not its session pod's address ({ips[0]})".encode() in body, body
+            assert _request(gw.url, "POST", "/v1/messages/count_tokens", token, SIDE_BODY, source=ips[1])[0] == 401
+        finally:
+            gw.stop()
+    assert sum(r["path"] == "/v1/messages" for r in provider.requests) == 1
+    assert f"token refused: used from {ips[1]}, not its session pod's address ({ips[0]})" in gw.text()
 
 
 def test_a_restarted_gateway_carries_the_meter_so_the_sessions_limit_holds(kube_cluster, nodes, namespace):  # noqa: F811

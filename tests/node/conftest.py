@@ -13,7 +13,7 @@ Session fixtures:
   ``other.provider.test`` with another host address, and nothing outside the cluster.
 - ``provider``: the scripted provider over TLS on the provider address, port 443, with a
   certificate for ``api.provider.test`` from a throwaway CA (``provider.ca_pem``); it plays
-  the demo's scenarios and the channel attacks'.
+  the demo's scenarios, the channel attacks' and the hostile session's.
 - ``bucket``: moto's S3 server on the host address the pods reach.
 """
 
@@ -67,6 +67,7 @@ def _load(name: str) -> Any:
 
 realnode = _load("realnode")
 sys.path.insert(0, str(REPO / "tests" / "integration"))
+import hostile  # noqa: E402  (tests/hostile.py)
 import test_channel as channel  # noqa: E402
 
 # ---- builds (during collection, outside any per-test timeout) -------------------------------
@@ -173,9 +174,10 @@ def serve_provider(node: Any, work: Path) -> Iterator[Provider]:
     crt, key = pki.issue("provider", PROVIDER_HOST, server=True, dns=[PROVIDER_HOST, OTHER_HOST])
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(crt), str(key))
-    # The demo's scenarios, the channel attacks' (tests/integration/test_channel.py) and a long one.
+    # The demo's scenarios, the channel attacks' (tests/integration/test_channel.py), the hostile
+    # session's (tests/hostile.py) and a long one.
     scenarios = json.loads((REPO / "runner" / "demo" / "scenarios.json").read_text())
-    scenarios["scenarios"] += [*channel.SCENARIOS["scenarios"], LONG_SCENARIO]
+    scenarios["scenarios"] += [*channel.SCENARIOS["scenarios"], *hostile.SCENARIOS, LONG_SCENARIO]
     with ScriptedProvider(scenarios, host=node.provider_ip, port=443, tls=ctx, api_key="demo-key",
                           server_name=PROVIDER_HOST) as server:
         yield Provider(server, pki.ca.read_text(), pki.ca, server.base_url)
