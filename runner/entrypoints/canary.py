@@ -45,7 +45,9 @@ def _closed_errno(e: OSError) -> str | None:
     if isinstance(e, (socket.timeout, TimeoutError)):
         return "timed out"
     names = {errno.EHOSTUNREACH: "host unreachable", errno.ENETUNREACH: "network unreachable",
-             errno.EACCES: "not permitted", errno.EPERM: "not permitted"}
+             errno.EACCES: "not permitted", errno.EPERM: "not permitted",
+             # the pod has no address of that family (IPv6 in an IPv4-only pod): nothing left it
+             errno.EADDRNOTAVAIL: "no address of that family", errno.EAFNOSUPPORT: "no address of that family"}
     return names.get(e.errno or 0)
 
 

@@ -39,6 +39,8 @@ TERMINATION_LOG = "/dev/termination-log"
 CONNECT_TIMEOUT = 4.0  # seconds per try; the routes run in parallel
 SETTLE_SECONDS = 30.0  # longest wait for the pod's policy to be in force before measuring
 METADATA_ADDRESS = "169.254.169.254"
+METADATA_ADDRESS_V6 = "fd00:ec2::254"  # the metadata service's IPv6 address (EC2's; others serve only IPv4)
+OUTSIDE_V6 = "2001:4860:4860::8888"  # a public IPv6 address (a public resolver), as any host outside would be
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,9 @@ class Result:
 
 def routes(provider_url: str, provider_addresses: list[str], neighbour: str | None, foreign_hosts: list[str],
            extra_targets: list[str], gateway: bool = False) -> list[Route]:
-    """Every route item 5 of the design names, for this install. ``provider_addresses``: the
-    provider host's addresses as the controller resolves them; ``neighbour``: host:port of
+    """Every route item 5 of the design names, for this install, over IPv4 and IPv6 (a pod with
+    no IPv6 address finds those closed). ``provider_addresses``: the provider host's addresses
+    (both families) as the controller resolves them; ``neighbour``: host:port of
     another pod on a port its policy does not open (e.g. an egress proxy pod's port 80).
     ``gateway``: the session's one route is the provider gateway (``{gateway}``, which must
     answer), not the egress proxy."""
@@ -78,23 +81,30 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
         Route("the API server on the node's address", "tcp", "{node}:6443"),
         Route("the kubelet on the node's address", "tcp", "{node}:10250"),
         Route("the metadata service", "tcp", f"{METADATA_ADDRESS}:80"),
+        Route("the metadata service over IPv6", "tcp", f"[{METADATA_ADDRESS_V6}]:80"),
+        Route("an outside address over IPv6", "tcp", f"[{OUTSIDE_V6}]:443"),
     ]
     if neighbour:
         out.append(Route("another pod", "tcp", neighbour))
-    out += [Route("the provider directly", "tcp", f"{ip}:{port}") for ip in provider_addresses]
+    out += [Route("the provider directly", "tcp", hostport(ip, port)) for ip in provider_addresses]
     out += [Route(f"{t} directly", "tcp", t) for t in extra_targets]
     if gateway:
         return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True)]
     out.append(Route("the provider through the egress proxy", "proxy-tls", f"{host}:{port}", host, must_open=True))
     if provider_addresses:
         out.append(Route("the provider by address through the egress proxy", "proxy-tls",
-                         f"{provider_addresses[0]}:{port}", host))
+                         hostport(provider_addresses[0], port), host))
     for other in foreign_hosts:
         out.append(Route(f"{other} through the egress proxy", "proxy-tls", f"{other}:443", other))
     if foreign_hosts:
         out.append(Route("the provider under another TLS server name", "proxy-tls", f"{host}:{port}", foreign_hosts[0]))
     out.append(Route("plain HTTP through the egress proxy", "proxy-http", f"http://{host}:{port}/"))
     return out
+
+
+def hostport(ip: str, port: int) -> str:
+    """``ip:port``, an IPv6 address in brackets."""
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def judge(results: list[Result]) -> str | None:

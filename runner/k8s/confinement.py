@@ -67,8 +67,8 @@ class ConfinementMonitor:
         k = self.settings.kube
         u = urlsplit(self.settings.provider.base_url)
         try:
-            addresses = sorted({a[4][0] for a in socket.getaddrinfo(u.hostname, u.port or 443, socket.AF_INET,
-                                                                     socket.SOCK_STREAM)})
+            addresses = sorted({str(a[4][0]) for a in socket.getaddrinfo(u.hostname, u.port or 443, socket.AF_UNSPEC,
+                                                                          socket.SOCK_STREAM)})
         except OSError:
             addresses = []  # the proxy resolves it; the direct routes are then not tried
         neighbour = None

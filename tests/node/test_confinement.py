@@ -32,6 +32,8 @@ pytestmark = pytest.mark.timeout(900)
 
 PROVIDER_HOST = "api.provider.test"
 DROPPED = ("refused", "port unreachable", "timed out")
+# The pods here have IPv4 addresses only: an IPv6 route has nowhere to go from them.
+NO_V6 = ("network unreachable", "no address of that family", *DROPPED)
 OTHER_HOST = "other.provider.test"
 
 
@@ -105,6 +107,7 @@ def _direct_routes(node) -> dict[str, tuple[str, ...]]:
     return {"cluster DNS": DROPPED, "the API server by its ClusterIP": DROPPED,
             "the API server on the node's address": DROPPED, "the kubelet on the node's address": DROPPED,
             "the metadata service": DROPPED, "another pod": DROPPED,
+            "the metadata service over IPv6": NO_V6, "an outside address over IPv6": NO_V6,
             f"{node.host_ip}:6443 directly": DROPPED, f"{node.provider_ip}:443 directly": DROPPED,
             f"{node.other_ip}:80 directly": DROPPED}
 

@@ -131,7 +131,7 @@ def test_an_attempt_is_served_while_its_pod_runs_and_its_harness_has_not_ended()
 def test_the_canarys_routes_through_the_gateway():
     """With the gateway, the one route that must answer is the gateway itself; the proxy's
     routes are not tried (there is no proxy)."""
-    got = canary.routes("https://api.anthropic.com", ["160.79.104.10"], "10.244.0.9:8081", ["example.com"],
+    got = canary.routes("https://api.anthropic.com", ["160.79.104.10", "2607:6bc0::10"], "10.244.0.9:8081", ["example.com"],
                         ["10.0.0.5:5432"], gateway=True)
     assert got == [
         canary.Route("cluster DNS", "dns", "{dns}"),
@@ -139,8 +139,11 @@ def test_the_canarys_routes_through_the_gateway():
         canary.Route("the API server on the node's address", "tcp", "{node}:6443"),
         canary.Route("the kubelet on the node's address", "tcp", "{node}:10250"),
         canary.Route("the metadata service", "tcp", "169.254.169.254:80"),
+        canary.Route("the metadata service over IPv6", "tcp", "[fd00:ec2::254]:80"),
+        canary.Route("an outside address over IPv6", "tcp", "[2001:4860:4860::8888]:443"),
         canary.Route("another pod", "tcp", "10.244.0.9:8081"),
         canary.Route("the provider directly", "tcp", "160.79.104.10:443"),
+        canary.Route("the provider directly", "tcp", "[2607:6bc0::10]:443"),
         canary.Route("10.0.0.5:5432 directly", "tcp", "10.0.0.5:5432"),
         canary.Route("the provider gateway", "http", "{gateway}", must_open=True),
     ]
@@ -203,3 +206,19 @@ def test_whatever_order_replicas_admit_calls_in_their_holds_never_pass_the_limit
         if settle:  # the answer's usage, at most its bound
             committed[r] -= bound - bound * spent_pct / 100
         assert sum(held) <= limit + call and all(c <= h for c, h in zip(committed, held, strict=True))
+
+
+def test_the_canary_tries_ipv6_routes_and_finds_them_closed_in_a_pod_without_ipv6():
+    """Issue 28: "the canary tries IPv4 only". An IPv6 target is split as the socket needs it, and
+    a pod with no IPv6 address (EADDRNOTAVAIL, EAFNOSUPPORT) or no route (ENETUNREACH) counts
+    it closed, not opened: nothing left the pod."""
+    import errno
+
+    from runner.entrypoints import canary as entry
+
+    assert entry._split("[fd00:ec2::254]:80") == ("fd00:ec2::254", 80)
+    assert entry._split("10.0.0.5:5432") == ("10.0.0.5", 5432)
+    for code, why in ((errno.EADDRNOTAVAIL, "no address of that family"), (errno.EAFNOSUPPORT, "no address of that family"),
+                      (errno.ENETUNREACH, "network unreachable")):
+        assert entry._failed(OSError(code, "x"), "refused") == (False, why)
+    assert entry._failed(OSError(errno.EIO, "x"), "refused") == (True, "error [Errno 5] x")
