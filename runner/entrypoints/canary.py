@@ -93,6 +93,39 @@ def _http(target: str) -> tuple[bool, str]:
     return (True, f"answered {line}") if line.startswith("HTTP/") else (False, f"no HTTP answer: {line!r}")
 
 
+# What the canary asks the gateway for with its token (a token count: never metered, held to the
+# same request policy as a call): the provider acting for it, which the gateway must refuse.
+PROVIDER_SIDE = {
+    "gateway-server-tool": {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]},
+    "gateway-mcp": {"mcp_servers": [{"type": "url", "url": "http://169.254.169.254/", "name": "m"}]},
+}
+
+
+def _gateway_policy(target: str, kind: str) -> tuple[bool, str]:
+    """Closed where the gateway refuses the request by its policy (400, its own error); open where
+    anything else answers (it was passed on), and where the canary holds no token to ask with."""
+    token = os.environ.get("PROBE_TOKEN", "")
+    if not token:
+        return True, "no token to ask the gateway with"
+    body = json.dumps({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "canary"}],
+                       **PROVIDER_SIDE[kind]}).encode()
+    try:
+        with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT) as s:
+            s.sendall(f"POST /v1/messages/count_tokens?beta=true HTTP/1.1\r\nHost: {target}\r\nx-api-key: {token}\r\n"
+                      f"content-type: application/json\r\nanthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n"
+                      f"Connection: close\r\n\r\n".encode() + body)
+            answer = b""
+            while len(answer) < 8192 and (chunk := s.recv(4096)):
+                answer += chunk
+    except OSError as e:
+        return _failed(e, "refused")
+    line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
+    if line.startswith("HTTP/1.1 400 ") and b"probe-runner gateway:" in answer:
+        reason = answer.split(b"probe-runner gateway: ", 1)[1].split(b'"', 1)[0].decode(errors="replace")
+        return False, f"refused by the gateway: {reason}"
+    return True, f"answered {line}"
+
+
 def _proxy() -> tuple[str, int]:
     p = urlsplit(os.environ.get("HTTPS_PROXY", ""))
     return p.hostname or "", p.port or 3128
@@ -173,6 +206,8 @@ def try_route(route: Route, facts: dict[str, str], ca_file: str | None) -> Resul
         opened, detail = _proxy_tls(target, route.server_name or target, ca_file)
     elif route.kind == "proxy-http":
         opened, detail = _proxy_http(target)
+    elif route.kind in PROVIDER_SIDE:
+        opened, detail = _gateway_policy(target, route.kind)
     else:
         raise ValueError(f"unknown route kind {route.kind}")
     # The report must fit a termination message (4096 bytes) with a dozen routes.

@@ -144,7 +144,8 @@ class KubernetesExecutor:
                 live.add(key)
         if k.canary_enabled:
             assert self.route is not None, "preflight() first"
-            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.route, self.foreign_policies)
+            self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.route, self.foreign_policies,
+                                              self.token_secret)
             self.monitor.start()
         return live
 

@@ -139,6 +139,15 @@ class SessionPods:
         return cls(PodCache(kube, names.selector_string(names.selector(instance, names.SESSION_COMPONENT))), instance)
 
     def pod(self, claims: Claims) -> dict[str, Any] | None:
+        """The attempt's session pod, or a confinement check's canary pod (its claims name the
+        canary probe and the check's session), where its annotations name exactly that."""
+        if claims.probe == manifests.CANARY_PROBE:
+            check = claims.session.removeprefix("check-")
+            if not check.isdigit() or manifests.canary_session(int(check)) != claims.session:
+                return None
+            pod = self.cache.get(manifests.canary_pod_name(self.instance, claims.campaign, int(check)))
+            ann = (pod or {}).get("metadata", {}).get("annotations") or {}
+            return pod if (ann.get(names.CAMPAIGN), ann.get(names.CANARY)) == (claims.campaign, check) else None
         pod = self.cache.get(manifests.pod_name(self.instance, claims.campaign, claims.probe, claims.session,
                                                 claims.attempt))
         ann = (pod or {}).get("metadata", {}).get("annotations") or {}

@@ -50,7 +50,7 @@ class Route:
     the API server's ClusterIP and port, its node's address, the gateway's ClusterIP and port)."""
 
     name: str
-    kind: str  # tcp | dns | http | proxy-tls | proxy-http
+    kind: str  # tcp | dns | http | proxy-tls | proxy-http | gateway-server-tool | gateway-mcp
     target: str
     server_name: str | None = None
     must_open: bool = False
@@ -66,13 +66,15 @@ class Result:
 
 
 def routes(provider_url: str, provider_addresses: list[str], neighbour: str | None, foreign_hosts: list[str],
-           extra_targets: list[str], gateway: bool = False) -> list[Route]:
+           extra_targets: list[str], gateway: bool = False, token: bool = False) -> list[Route]:
     """Every route item 5 of the design names, for this install, over IPv4 and IPv6 (a pod with
     no IPv6 address finds those closed). ``provider_addresses``: the provider host's addresses
     (both families) as the controller resolves them; ``neighbour``: host:port of
     another pod on a port its policy does not open (e.g. an egress proxy pod's port 80).
     ``gateway``: the session's one route is the provider gateway (``{gateway}``, which must
-    answer), not the egress proxy."""
+    answer), not the egress proxy; with a ``token`` of its own (a check's, limited to $0), the
+    canary also asks the gateway to have the provider act for it (a server tool, an MCP server
+    at the metadata service's URL: routes out through the provider), which it must refuse."""
     u = urlsplit(provider_url)
     host, port = u.hostname or "", u.port or 443
     out = [
@@ -89,6 +91,9 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
     out += [Route("the provider directly", "tcp", hostport(ip, port)) for ip in provider_addresses]
     out += [Route(f"{t} directly", "tcp", t) for t in extra_targets]
     if gateway:
+        if token:
+            out += [Route("a server tool through the gateway (web_fetch)", "gateway-server-tool", "{gateway}"),
+                    Route("an MCP server through the gateway (the metadata service's URL)", "gateway-mcp", "{gateway}")]
         return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True)]
     out.append(Route("the provider through the egress proxy", "proxy-tls", f"{host}:{port}", host, must_open=True))
     if provider_addresses:

@@ -12,6 +12,7 @@ list the checks from the one in force at its start to its end.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -21,6 +22,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from runner.errors import ConfinementError
+from runner.gateway import tokens
 from runner.k8s import canary, manifests, names, podstate, policy
 from runner.k8s.api import Kube
 from runner.settings import Settings
@@ -53,8 +55,9 @@ class ConfinementMonitor:
     settings: Settings
     kube: Kube
     campaign: str
-    route: manifests.Route  # the session pods' one route (no token: a canary holds none)
+    route: manifests.Route  # the session pods' one route (no token: each check's canary gets its own)
     foreign_policies: object  # callable () -> list[str]: names of policies that also select sessions
+    token_secret: bytes | None = None  # the gateway's signing key: the canary then asks it as a session would
     checks: list[Check] = field(default_factory=list)
     halted: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -79,7 +82,7 @@ class ConfinementMonitor:
                 neighbour = f"{ip}:{port + 1}"
                 break
         return canary.routes(self.settings.provider.base_url, addresses, neighbour, k.canary_foreign_hosts,
-                             k.canary_extra_targets, gateway=self.route.proxy is None)
+                             k.canary_extra_targets, gateway=self.route.proxy is None, token=self.token_secret is not None)
 
     def check(self) -> Check:
         """Run one check to its end (bounded by kube.canary_timeout_seconds)."""
@@ -104,9 +107,20 @@ class ConfinementMonitor:
                  extra={"campaign": self.campaign})
         return found
 
+    def _route_of(self, number: int) -> manifests.Route:
+        """The canary's route: the sessions', with a token of check ``number``'s own where the
+        gateway is the route, limited to $0 (it may count tokens, never make a call), expiring
+        with the canary pod's deadline."""
+        if self.token_secret is None or self.route.proxy is not None:
+            return self.route
+        claims = tokens.Claims(self.campaign, manifests.CANARY_PROBE, manifests.canary_session(number), 1,
+                               int(time.time()) + manifests.CANARY_DEADLINE_SECONDS, "0", "0")
+        return dataclasses.replace(self.route, token=tokens.mint(self.token_secret, claims))
+
     def _run_canary(self, number: int) -> tuple[list[canary.Result], float | None]:
         k = self.settings.kube
-        pod = manifests.canary_pod(self.settings, self.campaign, number, canary.encode(self.routes()), self.route)
+        pod = manifests.canary_pod(self.settings, self.campaign, number, canary.encode(self.routes()),
+                                   self._route_of(number))
         name = pod["metadata"]["name"]
         selector = names.selector_string(pod["metadata"]["labels"])
         if not self.kube.create_pod(pod):  # left by an earlier run of this campaign

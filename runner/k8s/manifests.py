@@ -282,23 +282,35 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
 
 
 CANARY_PROBE = "canary"  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
+CANARY_DEADLINE_SECONDS = 120
+
+
+def canary_pod_name(instance: str, campaign: str, check: int) -> str:
+    return names.object_name(instance, campaign, CANARY_PROBE, check)
+
+
+def canary_session(check: int) -> str:
+    """The session label (and token claim) of check number ``check``'s canary."""
+    return f"check-{check}"
 
 
 def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, route: Route) -> dict[str, Any]:
     """The confinement canary of check number ``check`` (runner/k8s/canary.py): a session pod's
-    labels, image, uid, security context and route (no token: the gateway must refuse it),
+    labels, image, uid, security context and route (through the gateway, the check's own token,
+    limited to $0, where ``route`` has one),
     running the canary instead of the harness, bounded by ``activeDeadlineSeconds``;
     ``routes_b64`` is ``runner.k8s.canary.encode`` of its routes. Its report is its termination
     message."""
     k = settings.kube
-    reach = {"HTTPS_PROXY": route.proxy} if route.proxy else {"PROBE_GATEWAY": route.gateway or ""}
+    reach = {"HTTPS_PROXY": route.proxy} if route.proxy else {"PROBE_GATEWAY": route.gateway or "",
+                                                              **({"PROBE_TOKEN": route.token} if route.token else {})}
     # The provider's CA only where the canary speaks TLS to the provider itself (through the proxy).
     ca = bool(k.provider_ca_configmap and route.proxy)
     volumes, mounts = (_provider_ca_volumes(k), _provider_ca_mounts(k)) if ca else ([], [])
     args = [routes_b64, *([f"{PROVIDER_CA_DIR}/ca.crt"] if ca else [])]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "activeDeadlineSeconds": 120,
+        "activeDeadlineSeconds": CANARY_DEADLINE_SECONDS,
         "serviceAccountName": names.session_service_account(k.instance),
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -324,10 +336,10 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, r
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": names.object_name(k.instance, campaign, CANARY_PROBE, check),
+            "name": canary_pod_name(k.instance, campaign, check),
             "namespace": k.namespace,
             **_owned(k),
-            "labels": names.session_labels(k.instance, campaign, CANARY_PROBE, f"check-{check}", 1),
+            "labels": names.session_labels(k.instance, campaign, CANARY_PROBE, canary_session(check), 1),
             "annotations": {names.CAMPAIGN: campaign, names.CANARY: str(check)},
         },
         "spec": spec,

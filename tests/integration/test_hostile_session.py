@@ -317,3 +317,26 @@ def test_a_token_s_mac_is_decoded_strictly(gateway, mangle):
     conn.close()
     assert resp.status == 401 and "token refused" in answer["error"]["message"]
     assert not _Provider.seen
+
+
+def test_the_canary_finds_the_provider_side_routes_refused_by_the_gateway(gateway, monkeypatch):
+    """Issue 28: "the canary tries the provider-side routes too". The canary's check asks the
+    gateway, with a token of its own limited to $0, for a server tool and an MCP server at the
+    metadata service's URL (a token count: never metered): closed where the gateway refuses
+    them by its policy, nothing forwarded; open where something passed them on (here the
+    upstream itself, as a gateway without the policy would), or where it holds no token."""
+    from runner.entrypoints import canary as entry
+
+    g, secret, url = gateway
+    target = url.removeprefix("http://")
+    monkeypatch.setenv("PROBE_TOKEN", tokens.mint(secret, tokens.Claims("camp", "canary", "check-1", 1,
+                                                                       int(time.time() + 60), "0", "0")))
+    assert entry._gateway_policy(target, "gateway-server-tool") == (
+        False, "refused by the gateway: the tool type 'web_fetch_20250910' is not a client-side tool: the provider would run it")
+    assert entry._gateway_policy(target, "gateway-mcp") == (
+        False, "refused by the gateway: the request holds 'mcp_servers', which the CLI does not send")
+    assert not _Provider.seen
+    opened, detail = entry._gateway_policy(g.upstream.removeprefix("http://"), "gateway-server-tool")
+    assert opened and detail.startswith("answered HTTP/1.") and " 200 " in detail, detail
+    monkeypatch.delenv("PROBE_TOKEN")
+    assert entry._gateway_policy(target, "gateway-mcp") == (True, "no token to ask the gateway with")

@@ -97,7 +97,8 @@ def _monitor(install, tmp_path, campaign: str) -> tuple[KubernetesExecutor, Conf
     executor = KubernetesExecutor(settings, Kube(settings.kube))
     executor.preflight()
     assert executor.route is not None
-    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.route, executor.foreign_policies)
+    return executor, ConfinementMonitor(settings, executor.kube, campaign, executor.route, executor.foreign_policies,
+                                        executor.token_secret)
 
 
 # kube-router rejects with an ICMP port unreachable, which a client sees as a refusal; the kernel
@@ -127,14 +128,19 @@ def _assert_closed(check, expected_closed: dict) -> None:
 
 def test_a_session_pod_reaches_the_provider_gateway_and_nothing_else(install, targets, provider, tmp_path):
     """Issue 15: "session pods reach only it, in place of the CONNECT proxy". The canary, with
-    the session pods' labels and no token, finds every direct route closed (the provider's
-    address too) and the gateway answering. (That the gateway reaches the provider, over TLS
-    under its name, is the campaign's test: every session's calls go that way.)"""
+    the session pods' labels, finds every direct route closed (the provider's address too) and
+    the gateway answering; with its check's own token (issue 28) it asks the gateway for the
+    provider-side routes, a server tool and an MCP server, and finds them refused by the
+    gateway's policy. (That the gateway reaches the provider, over TLS under its name, is the
+    campaign's test: every session's calls go that way.)"""
     node = install.node
     _, monitor = _monitor(install, tmp_path, "packets")
     check = monitor.check()
     print(_report(check))
-    _assert_closed(check, _direct_routes(node))
+    _assert_closed(check, {**_direct_routes(node),
+                           "a server tool through the gateway (web_fetch)": "refused by the gateway: the tool type",
+                           "an MCP server through the gateway (the metadata service's URL)": "refused by the gateway: "
+                                                                                             "the request holds 'mcp_servers'"})
     assert [r.name for r in check.results if r.must_open] == ["the provider gateway"]
     good = next(r for r in check.results if r.must_open)
     assert good.opened and "answered HTTP/1.1 200" in good.detail, _report(check)

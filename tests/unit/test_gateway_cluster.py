@@ -128,6 +128,23 @@ def test_an_attempt_is_served_while_its_pod_runs_and_its_harness_has_not_ended()
     assert _pods(other).ended(CLAIMS) == "the attempt has no session pod (it ended)"
 
 
+def test_a_canary_token_is_served_only_for_its_own_checks_pod():
+    """A confinement check's canary asks the gateway with a token of its own (issue 28: "the
+    canary tries the provider-side routes too"): served while that check's canary pod exists,
+    under the names the controller gives it, and never taken for another pod."""
+    from runner.k8s import manifests
+
+    canary_pod = {"metadata": {"name": manifests.canary_pod_name("probe-runner", "c1", 3), "uid": "u",
+                               "annotations": {names.CAMPAIGN: "c1", names.CANARY: "3"}},
+                  "status": {"containerStatuses": [{"name": "canary", "state": {"running": {}}}]}}
+    claims = lambda session: tokens.Claims("c1", manifests.CANARY_PROBE, session, 1, 2_000_000_000, "0", "0")  # noqa: E731
+    assert _pods(canary_pod).ended(claims("check-3")) is None
+    for other in ("check-4", "check-03", "check-x", "3"):
+        assert _pods(canary_pod).ended(claims(other)) == "the attempt has no session pod (it ended)", other
+    other_campaign = {**canary_pod, "metadata": {**canary_pod["metadata"], "annotations": {names.CAMPAIGN: "c2", names.CANARY: "3"}}}
+    assert _pods(other_campaign).ended(claims("check-3")) == "the attempt has no session pod (it ended)"
+
+
 def test_the_canarys_routes_through_the_gateway():
     """With the gateway, the one route that must answer is the gateway itself; the proxy's
     routes are not tried (there is no proxy)."""
@@ -206,6 +223,16 @@ def test_whatever_order_replicas_admit_calls_in_their_holds_never_pass_the_limit
         if settle:  # the answer's usage, at most its bound
             committed[r] -= bound - bound * spent_pct / 100
         assert sum(held) <= limit + call and all(c <= h for c, h in zip(committed, held, strict=True))
+
+
+def test_with_a_token_the_canary_asks_the_gateway_for_what_it_must_refuse():
+    got = canary.routes("https://api.anthropic.com", [], None, [], [], gateway=True, token=True)
+    assert got[-3:] == [
+        canary.Route("a server tool through the gateway (web_fetch)", "gateway-server-tool", "{gateway}"),
+        canary.Route("an MCP server through the gateway (the metadata service's URL)", "gateway-mcp", "{gateway}"),
+        canary.Route("the provider gateway", "http", "{gateway}", must_open=True)]
+    assert not [r for r in canary.routes("https://api.anthropic.com", [], None, [], [], gateway=True)
+                if r.kind.startswith("gateway-")]
 
 
 def test_the_canary_tries_ipv6_routes_and_finds_them_closed_in_a_pod_without_ipv6():

@@ -211,12 +211,16 @@ def test_session_pod_through_the_gateway_holds_its_token_and_no_credential(plan)
 
 
 def test_canary_pod_reaches_the_route_of_session_pods(plan):
-    """The canary holds no token: through the gateway it is told the gateway's address
-    (its HEAD / must answer), through the proxy its HTTPS_PROXY."""
+    """Through the gateway the canary is told the gateway's address (its HEAD / must answer)
+    and its check's own token (to ask the gateway for what it must refuse), through the proxy
+    its HTTPS_PROXY."""
     settings = Settings(store="file:///tmp/s")
     env = lambda route: manifests.canary_pod(settings, "demo", 1, "e30=", route)["spec"]["containers"][0]["env"]  # noqa: E731
     assert env(manifests.Route("http://10.96.0.20:8080"))[:2] == [
         {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "PROBE_GATEWAY", "value": "10.96.0.20:8080"}]
+    assert env(manifests.Route("http://10.96.0.20:8080", token="prt1.c.m"))[:3] == [
+        {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "PROBE_GATEWAY", "value": "10.96.0.20:8080"},
+        {"name": "PROBE_TOKEN", "value": "prt1.c.m"}]
     assert env(PROXY)[:2] == [
         {"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"}, {"name": "HTTPS_PROXY", "value": "http://10.96.0.12:3128"}]
     # The provider's CA only through the proxy, where the canary itself verifies the provider's TLS: the
