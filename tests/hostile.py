@@ -1,6 +1,7 @@
 """The hostile session of the real-node tier (tests/node/test_hostile_on_node.py): its probe, the
 scripted provider's scenarios for it, its corpus (with tests/integration/hostile_attack.py as
-tools/hostile.py) and its plan, shared with tests/node/conftest.py, which serves the scenarios."""
+tools/hostile.py) and its plan, shared with tests/node/conftest.py, which serves the scenarios;
+the corpus and plan builders serve the channel attacks too."""
 
 from __future__ import annotations
 
@@ -21,19 +22,22 @@ SCENARIOS = [
 ]
 
 
-def corpus(root: Path) -> Path:
+def corpus(root: Path, probe: dict = PROBE, script: Path = ATTACK, name: str = "hostile.py") -> Path:
+    """A corpus with ``probe`` (one document it examines) and ``script`` at tools/``name``: what
+    the session's Bash runs (also the channel attacks' corpus, tests/integration/test_channel.py)."""
     (root / "docs/probes").mkdir(parents=True)
     (root / "docs/a.md").write_text("# A\n")
-    (root / PROBE["path"]).write_text(f"# {PROBE['title']}\n\n## Task\n\n{PROBE['task']}\n")
+    (root / probe["path"]).write_text(f"# {probe['title']}\n\n## Task\n\n{probe['task']}\n")
     (root / "tools").mkdir()
-    shutil.copyfile(ATTACK, root / "tools/hostile.py")
+    shutil.copyfile(script, root / "tools" / name)
     return root
 
 
-def plan_data(campaign: str) -> dict:
+def plan_data(campaign: str, probe: dict = PROBE) -> dict:
+    """The plan as a user writes it, of ``probe`` alone (the real-node tier submits it)."""
     return {
         "campaign": campaign, "tier": "regression", "model": MODEL,
         "identity": {k: "sha256:" + "5" * 64 for k in ("lock", "tree", "selection", "read_set")}
         | {"seed": 1, "harness": "headwater 0.9.1"},
-        "arms": ["present"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": [PROBE],
+        "arms": ["present"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": [probe],
     }

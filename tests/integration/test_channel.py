@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
+import hostile  # tests/hostile.py
 import pytest
 from local_run import run_local
 from pydantic import SecretStr
@@ -46,22 +46,12 @@ REPORT_LINE = re.compile(r"^(?P<route>[a-z0-9-]+) (?P<pid>\d+) (?P<comm>\S*): (?
 
 def channel_corpus(corpus: Path) -> Path:
     """A corpus with the channel probe and the attack script at tools/attack.py."""
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# A\n")
-    (corpus / PROBE["path"]).write_text(f"# {PROBE['title']}\n\n## Task\n\n{PROBE['task']}\n")
-    (corpus / "tools").mkdir()
-    shutil.copyfile(ATTACK, corpus / "tools/attack.py")
-    return corpus
+    return hostile.corpus(corpus, PROBE, ATTACK, "attack.py")
 
 
 def channel_plan_data(campaign: str) -> dict:
     """The plan as a user writes it (the real-node tier submits it with ``probe-runner submit``)."""
-    return {
-        "campaign": campaign, "tier": "regression", "model": "claude-sonnet-4-5",
-        "identity": {k: "sha256:" + "5" * 64 for k in ("lock", "tree", "selection", "read_set")}
-        | {"seed": 1, "harness": "headwater 0.9.1"},
-        "arms": ["present"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": [PROBE],
-    }
+    return hostile.plan_data(campaign, PROBE)
 
 
 def channel_plan(campaign: str):
