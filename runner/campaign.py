@@ -5,6 +5,7 @@ runs a second time by itself.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
@@ -54,9 +55,12 @@ def load_stored_plan(store: Store, campaign: str) -> Plan:
 
 
 def store_corpus(store: Store, campaign: str, corpus: Path) -> str:
-    """The corpus as a tar.gz under the campaign (create-only, like the plan); its digest."""
+    """The corpus as a tar.gz under the campaign (create-only, like the plan); the digest of
+    what the store holds. The archive is reproducible (no time in the gzip header or the
+    entries, no owner), so the same corpus packs to the same bytes on every submit."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for rel, p in _corpus_entries(corpus):
             info = tar.gettarinfo(str(p), arcname=rel.as_posix())
             info.uid = info.gid = 0
@@ -72,7 +76,8 @@ def store_corpus(store: Store, campaign: str, corpus: Path) -> str:
     try:
         store.put(key, data, create_only=True)
     except AlreadyExists:
-        if corpus_fingerprint_of_archive(store.get(key)) != corpus_fingerprint_of_archive(data):
+        data = store.get(key)  # an archive of an earlier version may differ in its bytes alone
+        if corpus_fingerprint_of_archive(data) != corpus_fingerprint_of_archive(buf.getvalue()):
             raise UserError(f"campaign {campaign!r} exists in {store.uri} with a different corpus; choose a new campaign name") from None
     return digest.of_bytes(data)
 

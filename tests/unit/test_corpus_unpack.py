@@ -63,3 +63,30 @@ def test_a_member_that_would_land_outside_is_refused(interpreter, tmp_path, memb
     with pytest.raises((UserError, tarfile.FilterError)):
         campaign._unpack(_archive(*members), tmp_path / "c")
     assert not (tmp_path / "outside").exists()
+
+
+def test_the_corpus_archive_is_the_same_bytes_on_every_submit_and_a_resubmit_prints_what_the_store_holds(tmp_path, monkeypatch):
+    """Issue 29: "on a resubmit, submit prints a corpus sha256 that is not the stored object's
+    (the archive is gzipped with the current time)". The same corpus packed at two times packs
+    to the same bytes; and where the store already holds an archive of the same files in other
+    bytes (one an earlier version wrote), the digest returned is the stored object's."""
+    import gzip
+    import time
+
+    from runner import digest, layout
+    from runner.store.file import FileStore
+
+    corpus = tmp_path / "corpus"
+    (corpus / "docs").mkdir(parents=True)
+    (corpus / "docs/a.md").write_text("# A\n")
+    digests = []
+    for at, name in ((1_000_000_000.0, "one"), (1_900_000_000.0, "two")):
+        monkeypatch.setattr(time, "time", lambda at=at: at)
+        store = FileStore(tmp_path / name)
+        digests.append(campaign.store_corpus(store, "c", corpus))
+        assert digests[-1] == digest.of_bytes(store.get(layout.corpus_key("c")))
+    assert digests[0] == digests[1]
+    older = FileStore(tmp_path / "older")
+    stored = gzip.compress(gzip.decompress(FileStore(tmp_path / "one").get(layout.corpus_key("c"))), mtime=12345)
+    older.put(layout.corpus_key("c"), stored, create_only=True)
+    assert campaign.store_corpus(older, "c", corpus) == digest.of_bytes(stored) != digests[0]
