@@ -14,6 +14,7 @@ import hashlib
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -221,7 +222,7 @@ def stored_campaign(settings: Settings, campaign: str) -> tuple[Any, Any]:
 def status_line(st: dict, width: int = 24) -> str:
     done = width * st["final"] // st["total"] if st["total"] else width
     running = st["sessions"].get("started", 0)
-    waiting = f", {len(st['waiting'])} waiting for a pod" if st.get("waiting") else ""
+    waiting = f", {waiting_note(st['waiting'])}" if st.get("waiting") else ""
     left = st["budget"]["left_usd"]
     budget = f", budget left {dollars(left)}" if left is not None else ""
     return (f"[{'#' * done}{'.' * (width - done)}] {st['final']}/{st['total']} final, {running} running{waiting}, "
@@ -276,16 +277,17 @@ def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
         running = {k: timestamp(at) if at else began
                    for k, at in st["running"].items()}
         notes = [f"budget left {dollars(st['budget']['left_usd'])}"] if st["budget"]["left_usd"] is not None else []
-        notes += [f"{len(st['waiting'])} waiting for a pod"] if st.get("waiting") else []
+        notes += [waiting_note(st["waiting"])] if st.get("waiting") else []
         notes += [f"{len(st['refusals'])} refused so far"] if st["refusals"] else []
         if st["stopped"] is not None:
             notes.append(f"the last run stopped: {st['stopped']['why']}")
         elif ending := ending_note(st):
             notes.append(ending)
-        return Board(st["campaign"], st["total"], st["arms"], running, Decimal(st["cost_usd"]), began,
-                     st["final"] - final_at_start, notes)
+        cost = Decimal(st["cost_usd"])
+        return Board(st["campaign"], st["total"], st["arms"], running, cost, began, st["final"] - final_at_start, notes,
+                     cost_since=cost - cost_at_start)
 
-    began, final_at_start = time.time(), st["final"]
+    began, final_at_start, cost_at_start = time.time(), st["final"], Decimal(st["cost_usd"])
     current = [board(st)]  # redrawn twice a second, so elapsed times move between reads
     with Live(get_renderable=lambda: board_view(current[0], time.time()), console=Console(), refresh_per_second=2):
         while not settled(st):
@@ -293,6 +295,14 @@ def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
             st = read()
             current[0] = board(st)
     return st
+
+
+def waiting_note(waiting: dict[str, dict[str, str]]) -> str:
+    """How many sessions wait for their pod, and why the most of them wait (the scheduler's or
+    the kubelet's words: ``unschedulable: 0/1 nodes are available: 1 Insufficient cpu``)."""
+    reasons = Counter(w["reason"] for w in waiting.values())
+    reason, n = reasons.most_common(1)[0]
+    return f"{len(waiting)} waiting for a pod ({'' if n == len(waiting) else f'{n}: '}{reason})"
 
 
 def waiting_lines(waiting: dict[str, dict[str, str]]) -> list[str]:

@@ -35,6 +35,7 @@ class Board:
     since: float = 0.0  # when this run (or watch) began: the pace is measured from it
     done_since: int = 0  # sessions that ended since then
     notes: list[str] = field(default_factory=list)
+    cost_since: Decimal = Decimal(0)  # what the sessions that ended since then cost: the rate is measured from it
 
     @property
     def done(self) -> int:
@@ -63,11 +64,17 @@ def board_view(board: Board, now: float) -> RenderableType:
             running.add_row(f"... and {len(oldest) - SHOWN_RUNNING} more", "")
         parts.append(running)
     elapsed = max(now - board.since, 1e-9)
-    rate = board.cost / Decimal(elapsed / 3600)
+    # the rate and the pace of what ended while this board ran: a watch begun on a finished (or
+    # half-run) campaign has seen no cost accrue yet, whatever the campaign spent before it
     left = board.total - board.done
-    pace = (f"time left at this pace {_clock(elapsed / board.done_since * left)}" if board.done_since and left
-            else "time left: measured once a session ends" if left else "every session has ended")
-    parts.append(Text(f"cost so far ${board.cost:.4f} (${rate:.2f}/h), elapsed {_clock(elapsed)}, {pace}"))
+    if board.done_since:
+        rate = board.cost_since / Decimal(elapsed / 3600)
+        pace = f"time left at this pace {_clock(elapsed / board.done_since * left)}" if left else "every session has ended"
+        line = f"cost so far ${board.cost:.4f} (${rate:.2f}/h), elapsed {_clock(elapsed)}, {pace}"
+    else:
+        pace = "rate and time left: measured once a session ends" if left else "every session has ended"
+        line = f"cost so far ${board.cost:.4f}, elapsed {_clock(elapsed)}, {pace}"
+    parts.append(Text(line))
     parts.extend(Text(n, style="yellow") for n in board.notes[-SHOWN_NOTES:])
     return Group(*parts)
 
@@ -105,6 +112,7 @@ class LiveProgress:
             self.board.done_since += 1
             if cost is not None:
                 self.board.cost += cost
+                self.board.cost_since += cost
             if not status.startswith("succeeded"):
                 self.board.notes.append(f"{key}: {status}")
 

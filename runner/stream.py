@@ -28,7 +28,7 @@ import base64
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Context, Decimal
 from typing import Any
 
 import orjson
@@ -76,6 +76,8 @@ PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
 # Deeper than this, a tool input or a tool result's content is refused: canonical JSON of it is
 # written with the recursive json encoder, and real inputs nest a handful of levels.
 MAX_VALUE_DEPTH = 64
+COST_PLACES = 12  # decimal places of a cost: Anthropic prices reach $0.03 per million tokens (3e-8 a token)
+COST_QUANTUM = Decimal(1).scaleb(-COST_PLACES)
 # orjson reads an integer beyond 64 bits as a float; a float this large may have been one.
 _INT_RANGE = float(2**63)
 # A cost beyond this is corruption, not a cost, and its whole cents would overflow what a
@@ -83,6 +85,7 @@ _INT_RANGE = float(2**63)
 # about 20), which an exact sum would have to carry digit by digit.
 MAX_COST_USD = Decimal(10) ** 9
 MAX_COST_PLACES = 64
+_MONEY = Context(prec=9 + COST_PLACES + 1)  # every digit of a cost below MAX_COST_USD to COST_PLACES places
 
 
 @dataclass(slots=True)
@@ -250,6 +253,15 @@ def _result_cost(line: dict[str, Any]) -> Decimal | None:
     return None
 
 
+def money(value: Decimal) -> Decimal:
+    """A stated cost as money: the CLI sums its costs in binary floating point, so it writes
+    0.014400000000000001 for $0.0144 (and its whole cents would then be 2, not 1). Kept to
+    COST_PLACES decimal places, finer than any price per token, which drops that noise and
+    nothing else; without trailing zeros. Only for a cost already found to be one."""
+    text = format(value.quantize(COST_QUANTUM, context=_MONEY), "f")
+    return Decimal(text.rstrip("0").rstrip(".") if "." in text else text)
+
+
 def parse(lines: Iterable[bytes], ended_by_driver: bool = False) -> ParsedStream:
     """``ended_by_driver``: the driver killed the harness at the session's time limit, and the stream
     is all the harness wrote until then (the capture record says so). Its missing result line and
@@ -329,7 +341,7 @@ def _dispatch(out: ParsedStream, raw: bytes, obj: dict[str, Any], n: int, last: 
                                      and isinstance(places := cost.as_tuple().exponent, int) and places >= -MAX_COST_PLACES):
             out.problems.append(f"line {n}: the result line states a cost of {cost} USD, which is not a cost")
             cost = None
-        out.cost_usd = cost
+        out.cost_usd = None if cost is None else money(cost)
 
 
 def _without_uuid(obj: dict[str, Any]) -> dict[str, Any]:

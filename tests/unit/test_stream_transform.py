@@ -239,12 +239,19 @@ def test_outside_workspace_paths_counted():
     assert out.event["calls"][2] == {"tool": "Read", "argument": "a.md", "result": A_DIGEST}
 
 
-def test_cost_is_exact_decimal_of_literal():
-    lines = lines_of([INIT]) + [raw_result("0.30000000000000004441")]
-    parsed = stream.parse(lines)
-    assert parsed.problems == []
-    assert parsed.cost_usd == Decimal("0.30000000000000004441")
-    assert str(parsed.cost_usd) == "0.30000000000000004441"
+def test_a_stated_cost_is_money_to_twelve_places_without_the_clis_float_noise():
+    """Issue 29: "status --json prints "cost_usd": "0.183600000000000004" and the Job's log
+    cost 0.014400000000000001 USD ... Money is exact decimals end to end, in every output". The
+    CLI sums in binary floating point; a cost is read from its literal exactly, then kept to
+    12 decimal places (finer than any price per token): the noise goes, its cents with it
+    (0.30000000000000004 was 31 whole cents), and no real digit does."""
+    from runner.transform.run import _cents
+
+    parsed = stream.parse(lines_of([INIT]) + [raw_result("0.30000000000000004441")])
+    assert parsed.problems == [] and str(parsed.cost_usd) == "0.3" and _cents(parsed.cost_usd) == 30
+    for literal, money in (("0.014400000000000001", "0.0144"), ("0.123456789012", "0.123456789012"),
+                           ("2", "2"), ("0.0", "0"), ("999999999.999999999999", "999999999.999999999999")):
+        assert str(stream.parse(lines_of([INIT]) + [raw_result(literal)]).cost_usd) == money, literal
 
 
 def test_cost_exact_for_float_literal_short():
