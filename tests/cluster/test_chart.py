@@ -115,7 +115,7 @@ def install(kube_cluster, bucket):
     namespace, release = f"chart-{uid}", f"pr-{uid}"
     endpoint, _ = bucket
     objs = chart.render(release=release, namespace=namespace, sets=(
-        "provider.credentialsSecret=provider", "bucket.store=s3://probes/campaigns", f"bucket.endpoint={endpoint}",
+        "provider.credentialsSecret=provider", "bucket.store=s3://probes", f"bucket.endpoint={endpoint}",
         "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "gateway.replicas=1",
         # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
         "session.canary.enabled=false"), extra=("--skip-tests",))  # helm install does not install its test pod either
@@ -166,7 +166,7 @@ def _user_env(kube_cluster, install, bucket, tmp_path) -> dict[str, str]:
     """A user's workstation, set up as the chart's NOTES say."""
     namespace, release, _ = install
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
-    return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes/campaigns", "RUNNER_S3__ENDPOINT_URL": bucket[0],
+    return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes", "RUNNER_S3__ENDPOINT_URL": bucket[0],
             "RUNNER_S3__REGION": "us-east-1", "RUNNER_KUBE__NAMESPACE": namespace, "RUNNER_KUBE__INSTANCE": release,
             "RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig),
             "RUNNER_LOCAL__WORKDIR": str(tmp_path / "user")}
@@ -217,7 +217,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     # The install's bucket is where the plan goes and what the Job reads, whatever the workstation says.
     elsewhere = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--store", (tmp_path / "s").as_uri())
     assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr
-    assert f"the install {namespace}/{release} reads campaigns from s3://probes/campaigns" in elsewhere.stderr
+    assert f"the install {namespace}/{release} reads campaigns from s3://probes" in elsewhere.stderr
     nowhere = _cli({**user, "RUNNER_KUBE__NAMESPACE": "no-such-namespace"}, "submit", str(plan_file),
                    "--corpus", str(demo.CORPUS))
     assert nowhere.returncode == 2 and "Traceback" not in nowhere.stderr
@@ -253,7 +253,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     role = chart.by_kind(objs, "Role")[f"{release}-controller"]
     granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
     assert seen == granted
-    store = open_store("s3://probes/campaigns", Settings(store="s3://probes/campaigns",
+    store = open_store("s3://probes", Settings(store="s3://probes",
                                                          s3={"endpoint_url": endpoint, "region": "us-east-1"}))
     ledger = Ledger(store, campaign)
     assert not ledger.verify() and {s.status for s in ledger.sessions().values()} == {"succeeded"}
@@ -290,13 +290,13 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     dest = tmp_path / "pulled"
     pulled = _cli(user, "pull", campaign, "--dest", str(dest))
     assert pulled.returncode == 0, pulled.stderr
-    sums = s3.get_object(Bucket="probes", Key=f"campaigns/campaigns/{campaign}/transcripts/SHA256SUMS")["Body"].read()
+    sums = s3.get_object(Bucket="probes", Key=f"campaigns/{campaign}/transcripts/SHA256SUMS")["Body"].read()
     (tmp_path / "SHA256SUMS").write_bytes(sums)  # the transform's record, checked by the standard tool
     check = subprocess.run(["sha256sum", "-c", str(tmp_path / "SHA256SUMS")], cwd=dest, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.count(": OK") == len(list(dest.iterdir())) >= 2 and (dest / "refusals.json").is_file()
     # A file changed in the bucket after the transform: pull refuses it and writes nothing.
-    key = f"campaigns/campaigns/{campaign}/transcripts/refusals.json"
+    key = f"campaigns/{campaign}/transcripts/refusals.json"
     s3.put_object(Bucket="probes", Key=key, Body=b'{"refusals": []}\n')
     tampered = _cli(user, "pull", campaign, "--dest", str(tmp_path / "again"))
     assert tampered.returncode == 1 and "differs from SHA256SUMS" in tampered.stderr, tampered.stderr
@@ -418,7 +418,7 @@ def test_helm_uninstall_keeps_the_session_policy(kube_cluster):
     uid = secrets.token_hex(3)
     namespace, release = kube_cluster.create_namespace(f"uninstall-{uid}"), f"u-{uid}"
     kubeconfig = ("--kubeconfig", str(kube_cluster.kubeconfig), "-n", namespace)
-    install = ("install", release, str(chart.CHART), *kubeconfig, "--set", "bucket.store=s3://probes/campaigns",
+    install = ("install", release, str(chart.CHART), *kubeconfig, "--set", "bucket.store=s3://probes",
                "--set", "session.canary.enabled=false")
     chart.helm(*install)
     net = client.NetworkingV1Api(kube_cluster.api_client())

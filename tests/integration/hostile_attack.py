@@ -86,8 +86,15 @@ def main() -> None:
     call("huge-max-tokens", BASE | {"max_tokens": 10_000_000}, url, token)
     call("1m-beta", BASE, url, token, {"anthropic-beta": "context-1m-2025-08-07"})
     call("forged-token", BASE, url, token + "A")
-    cut_stream(url, token)
-    found = scan(url, args.scan) if args.scan else []
+    try:
+        cut_stream(url, token)
+    except OSError as e:
+        print("cut-stream", f"{type(e).__name__}: {e}", flush=True)
+    try:
+        found = scan(url, args.scan) if args.scan else []
+    except OSError as e:
+        print("scan", f"{type(e).__name__}: {e}", flush=True)
+        found = []
     print("gateway-pods", len(found), flush=True)
     for i, ip in enumerate(found * 2):
         call(f"direct-{i}", BASE, f"http://{ip}:{args.scan}", token)

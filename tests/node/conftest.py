@@ -223,7 +223,7 @@ class Install:
     def settings_env(self, tmp: Path) -> dict[str, str]:
         """A user's workstation, set up as the chart's NOTES say (and the test's own targets)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
-        return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes/campaigns", "RUNNER_S3__ENDPOINT_URL": self.bucket,
+        return {**env, **BUCKET_ENV, "RUNNER_STORE": "s3://probes", "RUNNER_S3__ENDPOINT_URL": self.bucket,
                 "RUNNER_S3__REGION": "us-east-1", "RUNNER_KUBE__NAMESPACE": self.namespace,
                 "RUNNER_KUBE__INSTANCE": self.release, "RUNNER_KUBE__KUBECONFIG": str(self.node.kubeconfig),
                 "RUNNER_LOCAL__WORKDIR": str(tmp / "user")}
@@ -250,7 +250,7 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
     values.write_text(json.dumps({
         "images": {"pullPolicy": "Never"},
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
-        "bucket": {"store": "s3://probes/campaigns", "endpoint": bucket_endpoint, "region": "us-east-1",
+        "bucket": {"store": "s3://probes", "endpoint": bucket_endpoint, "region": "us-east-1",
                    "credentialsSecret": "bucket"},
         # The transform at the end of each campaign parses its streams in 2 processes of the
         # controller's pod (its CPU limit), however few the bytes.

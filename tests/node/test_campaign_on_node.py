@@ -50,7 +50,7 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
 
     # Each capture record names the digest its harness ran from, and the confinement checks.
     _, s3 = bucket
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="probes", Prefix=f"campaigns/campaigns/{campaign}/")["Contents"]]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="probes", Prefix=f"campaigns/{campaign}/")["Contents"]]
     captures = [json.loads(s3.get_object(Bucket="probes", Key=k)["Body"].read()) for k in keys if k.endswith("capture.json")]
     assert len(captures) == 4, keys
     for c in captures:

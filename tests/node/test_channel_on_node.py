@@ -46,13 +46,13 @@ def session(install, provider, bucket, tmp_path_factory):
     status = json.loads(_cli(user, "status", campaign, "--json").stdout)
     _, s3 = bucket
     keys = layout.SessionKeys(campaign, channel.PROBE["id"], "present-001")
-    raw = s3.get_object(Bucket="probes", Key=f"campaigns/{keys.stream}")["Body"].read()
+    raw = s3.get_object(Bucket="probes", Key=keys.stream)["Body"].read()
     lines = [json.loads(line) for line in raw.splitlines()]
     results = [b["content"] for o in lines if o.get("type") == "user"
                for b in o["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
     reports = [m.groupdict() for text in results for line in (text if isinstance(text, str) else "").splitlines()
                if (m := channel.REPORT_LINE.match(line))]
-    capture = json.loads(s3.get_object(Bucket="probes", Key=f"campaigns/{keys.capture}")["Body"].read())
+    capture = json.loads(s3.get_object(Bucket="probes", Key=keys.capture)["Body"].read())
     return {"status": status, "raw": raw, "lines": lines, "results": results, "reports": reports,
             "capture": capture, "job_logs": job_logs}
 

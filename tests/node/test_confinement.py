@@ -290,7 +290,7 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
     assert "halted: confinement check" in err and "no further session was started" in err, err
     assert "a route opened" in err or "allow-all-egress-later" in err, err
     with _environ(env):
-        store = open_store("s3://probes/campaigns", Settings())
+        store = open_store("s3://probes", Settings())
         states = Ledger(store, campaign).sessions()
         refusals = json.loads(store.get(layout.refusals_key(campaign)))["refusals"]
         # What a user's status --watch ends on, rather than waiting for sessions nothing starts.
@@ -345,7 +345,7 @@ def test_a_session_whose_cli_ran_while_a_check_failed_is_refused_by_the_transfor
     assert run.returncode == 12, out + err
     assert "halted: confinement check" in err, err
     with _environ(env):
-        store = open_store("s3://probes/campaigns", Settings())
+        store = open_store("s3://probes", Settings())
         (state,) = Ledger(store, campaign).sessions().values()
         capture = json.loads(store.get(layout.SessionKeys(campaign, probe["id"], "present-001").capture))
         refusals = json.loads(store.get(layout.refusals_key(campaign)))["refusals"]
@@ -405,7 +405,7 @@ def test_a_session_runs_on_across_a_restart_of_the_gateway(install, provider, lo
             run.kill()
     assert run.returncode == 0, out + err
     with _environ(env):
-        store = open_store("s3://probes/campaigns", Settings())
+        store = open_store("s3://probes", Settings())
         (state,) = Ledger(store, campaign).sessions().values()
         capture = json.loads(store.get(layout.SessionKeys(campaign, probe["id"], "present-001").capture))
     assert state.status == "succeeded" and capture["exit_code"] == 0, (state.status, state.detail)

@@ -53,11 +53,13 @@ def test_a_hostile_session_on_the_real_node_is_refused_or_metered_and_the_books_
     assert status["sessions"] == {"succeeded": 1}, (status, job_logs)
     _, s3 = bucket
     keys = layout.SessionKeys(campaign, hostile.PROBE["id"], "present-001")
-    raw = s3.get_object(Bucket="probes", Key=f"campaigns/{keys.stream}")["Body"].read().decode()
+    raw = s3.get_object(Bucket="probes", Key=keys.stream)["Body"].read().decode()
     results = [b["content"] for line in raw.splitlines() if (o := json.loads(line)).get("type") == "user"
                for b in o["message"]["content"] if isinstance(b, dict) and b.get("type") == "tool_result"]
     (report,) = results
-    seen = dict(line.split(" ", 1) for line in (report if isinstance(report, str) else report[0]["text"]).splitlines())
+    text = report if isinstance(report, str) else report[0]["text"]
+    seen = dict(line.split(" ", 1) for line in text.splitlines() if " " in line)
+    assert "gateway-pods" in seen, text
     pods = int(seen.pop("gateway-pods"))
     assert pods == 1  # the install's one replica, found by the scan and called by its own address
     assert seen == {"server-tool": "400", "mcp-server": "400", "other-model": "400", "huge-max-tokens": "400",
@@ -65,7 +67,7 @@ def test_a_hostile_session_on_the_real_node_is_refused_or_metered_and_the_books_
                     "side-call": "200"}, report
     for reason in REASONS:
         assert reason in gateway_logs, (reason, gateway_logs[-3000:])
-    capture = json.loads(s3.get_object(Bucket="probes", Key=f"campaigns/{keys.capture}")["Body"].read())
+    capture = json.loads(s3.get_object(Bucket="probes", Key=keys.capture)["Body"].read())
     meter = capture["gateway"]
     # the CLI's two calls; the cut stream (read to its end), the two direct calls and the side call
     assert meter["refused"] == len(REASONS) and meter["calls"] == 2 + 4, meter

@@ -104,7 +104,7 @@ def test_transform_job_is_the_controller_job_without_api_access():
 def test_install_settings_lay_the_config_map_over_the_local_settings():
     local = Settings(store="s3://mine/x", concurrency=7, kube={"namespace": "probes", "reader_image": "local:1"})
     data = {
-        "RUNNER_STORE": "s3://install/campaigns",
+        "RUNNER_STORE": "s3://install",
         "RUNNER_KUBE__READER_IMAGE": "registry.example/runner:2.0.0",
         "RUNNER_KUBE__IMAGE_PULL_SECRETS": '["pull"]',
         "RUNNER_KUBE__NODE_SELECTOR": '{"pool": "probes"}',
@@ -114,7 +114,7 @@ def test_install_settings_lay_the_config_map_over_the_local_settings():
         "NOT_OURS": "ignored",
     }
     s = jobs.install_settings(data, local)
-    assert s.store == "s3://install/campaigns" and s.s3.endpoint_url == "http://minio:9000"
+    assert s.store == "s3://install" and s.s3.endpoint_url == "http://minio:9000"
     assert s.kube.reader_image == "registry.example/runner:2.0.0" and s.kube.image_pull_secrets == ["pull"]
     assert s.kube.node_selector == {"pool": "probes"} and s.kube.spread_max_skew is None
     assert s.kube.controller_resources.cpu_limit == "3" and s.kube.controller_resources.memory_limit == "4Gi"
@@ -156,3 +156,21 @@ def test_a_submitted_budget_is_the_controller_jobs_flags_and_the_controller_take
     assert "--budget-usd" in helped.output and "--session-budget-usd" in helped.output
     refused = CliRunner().invoke(cli, ["run", "plan.json", "--corpus", ".", "--budget-usd", "-1"])
     assert refused.exit_code == 2 and "--budget-usd" in refused.output
+
+
+def test_the_examples_of_a_store_do_not_name_the_campaigns_folder_again():
+    """Issue 29: "the README's and the values' example s3://…/campaigns puts objects under
+    campaigns/campaigns/<campaign>/". Every campaign lives under <store>/campaigns/<campaign>/,
+    so no example store the README, the chart's values or the plain manifests give ends in
+    /campaigns."""
+    import re
+    from pathlib import Path
+
+    from runner import layout
+
+    repo = Path(__file__).resolve().parents[2]
+    assert layout.plan_key("c").startswith("campaigns/c/")
+    texts = {p: p.read_text() for p in [repo / "README.md", repo / "k8s" / "probe-runner.yaml",
+                                        *(repo / "helm" / "probe-runner").rglob("*.yaml")]}
+    stores = [(p.name, m) for p, t in texts.items() for m in re.findall(r"s3://[A-Za-z0-9.…/_-]+", t)]
+    assert stores and not [s for s in stores if s[1].rstrip("/").endswith("/campaigns")], stores
