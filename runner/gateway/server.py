@@ -172,6 +172,10 @@ class UsageReader:
             if isinstance(usage.get("cache_creation"), dict):
                 self.usage["cache_creation"] = usage["cache_creation"]
 
+    def text(self) -> str:
+        """A JSON answer's body as text (an error's message), for the log; empty for a stream."""
+        return b"".join(self._body).decode(errors="replace")
+
     def close(self, status: int) -> None:
         """The answer was read to its end (``status``: its HTTP status): an event stream is whole
         where its message_stop came; a JSON body where it reads, and an error answer, which the
@@ -483,6 +487,9 @@ class Gateway:
                     except (ConnectionError, RuntimeError, aiohttp.ClientConnectionResetError):
                         client = False  # the session went: the answer is still read to its end
             reader.close(upstream.status)
+            if upstream.status >= 400:  # a refused key, a throttle, an outage: the operator's to see
+                log.warning("%s: the provider answered %s %s: %.300s", claims.name, upstream.status, upstream.reason or "",
+                            reader.text())
             flight.end(reader)  # before the end reaches the session: its next call sees it
             if client:
                 await response.write_eof()

@@ -198,13 +198,18 @@ def test_an_event_stream_comes_through_unbuffered_and_unchanged_with_the_key_add
     assert Decimal(meter["cost_usd"]) == (Decimal(1000) * 3 + Decimal(500) * 15 + Decimal(2000) * Decimal("0.30")) / 10**6
 
 
-def test_a_provider_error_comes_back_unchanged(gateway):
+def test_a_provider_error_comes_back_unchanged_and_is_logged_at_warning(gateway, caplog):
+    """Issue 29: "the gateway logs the provider's refusals at warning": an operator sees a
+    refused key, a throttle or an outage in the gateway's log, with the provider's words."""
     _, secret, url = gateway
     conn, resp = _post(url, _token(secret), body=json.dumps({"model": MODEL, "max_tokens": 10, "messages": [
         {"role": "user", "content": "overloaded"}]}).encode())
     assert resp.status == 529 and resp.getheader("retry-after") == "7"
     assert json.loads(resp.read())["error"]["type"] == "overloaded_error"
     conn.close()
+    (record,) = [r for r in caplog.records if "the provider answered" in r.getMessage()]
+    assert record.levelname == "WARNING" and "camp/P-1/s-001#1: the provider answered 529" in record.getMessage()
+    assert "overloaded_error" in record.getMessage()
 
 
 @pytest.mark.parametrize("case, reason", [
