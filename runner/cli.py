@@ -445,6 +445,7 @@ def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: 
     from runner.k8s import jobs
     from runner.k8s.api import Kube
     from runner.plan import load_plan
+    from runner.service import mark_run
     from runner.store import open_store
 
     parsed = load_plan(plan)
@@ -465,6 +466,14 @@ def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: 
     corpus_digest = store_corpus(store, parsed.campaign, corpus)
     manifest = jobs.controller_job(install, parsed.campaign, settings.budget)
     created = kube.create_job(manifest)
+    name = manifest["metadata"]["name"]
+    if created:
+        mark_run(store, parsed.campaign, "submit")  # an earlier run's stop is the past now
+    elif (existing := kube.job_command(name)) is not None and existing != jobs.job_command(manifest):
+        raise UserError(f"the controller Job {settings.kube.namespace}/{name} exists with other settings "
+                        f"({' '.join(existing)}) than this submit's ({' '.join(jobs.job_command(manifest))}), and runs as "
+                        f"it was submitted. To run with these: once it has ended, `kubectl -n {settings.kube.namespace} "
+                        f"delete job {name}`, then submit again")
     click.echo(f"plan: {store.uri}/{layout.plan_key(parsed.campaign)}")
     click.echo(f"corpus: {store.uri}/{layout.corpus_key(parsed.campaign)} ({corpus_digest})")
     click.echo(f"controller job: {settings.kube.namespace}/{manifest['metadata']['name']} "

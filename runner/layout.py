@@ -61,6 +61,12 @@ def stopped_key(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/stopped.json"
 
 
+def run_key(campaign: str) -> str:
+    """When the campaign's latest run began (``run``, the controller) or was submitted (a new
+    controller Job): a stop older than it is not the campaign's state any more."""
+    return f"{campaign_prefix(campaign)}/run.json"
+
+
 def transcripts_prefix(campaign: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/"
 

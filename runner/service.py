@@ -49,6 +49,12 @@ def make_executor(name: str, settings: Settings) -> Executor:
     return LocalExecutor(settings)
 
 
+def mark_run(store: Store, campaign: str, by: str) -> None:
+    """Record that a run of the campaign begins now (``by``: run, or submit for a new
+    controller Job): what an earlier run's stop is then older than (status._stopped)."""
+    store.put(layout.run_key(campaign), json.dumps({"at": now(), "by": by}).encode() + b"\n")
+
+
 @dataclass
 class CampaignRun:
     store: Store
@@ -66,6 +72,7 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
     store = open_store(settings.store, settings)
     runner = make_executor(executor, settings)
     with campaign_lock(settings, plan.campaign):
+        mark_run(store, plan.campaign, "run")
         try:
             backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
             report = run_sessions(plan, corpus, store, runner, settings.local.workdir, settings.concurrency,

@@ -62,12 +62,17 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
 
 def _stopped(store: Store, plan: Plan, read: str) -> dict[str, object] | None:
     """Why the last run stopped with sessions left that no retry of it starts (its words and
-    exit status, layout.stopped_key), while the ledger is as that run left it; None otherwise
-    (no such stop, or a run since has journaled something)."""
+    exit status, layout.stopped_key), while the ledger is as that run left it and no run began
+    or was submitted after it (layout.run_key: the remedy of a stop is a new run, which
+    supersedes it before it journals anything); None otherwise."""
     if (written := _read(store, layout.stopped_key(plan.campaign))) is None:
         return None
     record = json.loads(written)
-    return {k: record[k] for k in ("why", "exit", "at")} if record["sessions_sha256"] == read else None
+    if record["sessions_sha256"] != read:
+        return None
+    if (began := _read(store, layout.run_key(plan.campaign))) is not None and json.loads(began)["at"] > record["at"]:
+        return None
+    return {k: record[k] for k in ("why", "exit", "at")}
 
 
 def _transcripts(store: Store, plan: Plan, read: str) -> dict[str, object]:

@@ -329,6 +329,17 @@ class Kube:
                                 f"{_api_message(e)}") from None
             raise
 
+    def job_command(self, name: str) -> list[str] | None:
+        """The command of Job ``name``'s container, or None where there is no such Job (or the
+        identity may not read it)."""
+        try:
+            job = self.call(self.batch.read_namespaced_job, name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status in (403, 404):  # none, or not this identity's to read: nothing to compare
+                return None
+            raise
+        return list(job.spec.template.spec.containers[0].command or [])
+
     def namespace_exists(self) -> bool:
         try:
             self.call(self.core.read_namespace, self.namespace, _request_timeout=30)

@@ -79,6 +79,11 @@ def controller_job(settings: Settings, campaign: str, budget: BudgetSettings | N
                        ["probe-runner", "controller", "--campaign", campaign, *flags], api_access=True)
 
 
+def job_command(job: dict[str, Any]) -> list[str]:
+    """The command a Job's one container runs: what a submit's settings change (its flags)."""
+    return list(job["spec"]["template"]["spec"]["containers"][0]["command"])
+
+
 def transform_job(settings: Settings, campaign: str) -> dict[str, Any]:
     """The transform Job alone (``probe-runner transform C``), for a campaign whose
     sessions changed after its controller ended (``ledger cancel``, ``ledger resume``). It

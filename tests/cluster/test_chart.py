@@ -195,6 +195,13 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert "created" in first.stdout
     again = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
     assert again.returncode == 0 and "exists already" in again.stdout, again.stderr + again.stdout
+    assert first.stdout.split("corpus: ")[1].splitlines()[0] == again.stdout.split("corpus: ")[1].splitlines()[0]
+    # Issue 29: "submitting again with other budget flags while the campaign's Job exists exits 0
+    # ("exists already") and ignores the new flags". Now it says so and what to do.
+    other = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--budget-usd", "5",
+                 "--session-budget-usd", "1")
+    assert other.returncode == 2 and "exists with other settings" in other.stderr, other.stderr + other.stdout
+    assert "--budget-usd 5" in other.stderr and f"delete job {jobs.job_name(campaign)}" in other.stderr
     job = client.BatchV1Api(kube_cluster.api_client()).read_namespaced_job(jobs.job_name(campaign), namespace)
     assert job.spec.template.spec.service_account_name == f"{release}-controller"
     # Built from the install's settings: the chart's image and bucket Secret, not the workstation's.

@@ -108,6 +108,15 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     flat = " ".join(drawn.split())
     assert code == EXIT_BUDGET and "the last run stopped: budget: 1 session(s) not started" in flat, flat
 
+    # Issue 29: "a remedy ends on the old failure ... a newer run supersedes an older stop". A run
+    # submitted since (submit marks it before its Job journals anything) is what the campaign
+    # waits on now, not the stop before it.
+    from runner.service import mark_run
+    from runner.store.file import FileStore
+
+    mark_run(FileStore(tmp_path / "store"), "demo", "submit")
+    assert json.loads(cli("status", "demo", "--json", env=env).stdout)["stopped"] is None
+
     second = cli("run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2", "--budget-usd", "2.70", env=env)
     assert second.returncode == 0, second.stderr
     assert "HW-PRB-0007" in second.stderr and second.stderr.count("succeeded") == 1  # only the fourth ran
