@@ -349,7 +349,7 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
         click.echo(f"budget: {dollars(money['campaign_usd'])}: spent {dollars(money['spent_usd'])}, reserved "
                    f"{dollars(money['reserved_usd'])} by sessions not settled, left {dollars(money['left_usd'])}")
     click.echo(f"refusals: {len(st['refusals'])}")
-    click.echo(transcripts_line(plan.campaign, st["transcripts"]))
+    click.echo(transcripts_line(plan.campaign, st["transcripts"], st["final"]))
     if st["stopped"] is not None:
         click.echo(stopped_line(st["stopped"]))
     return code
@@ -359,9 +359,13 @@ def stopped_line(stopped: dict) -> str:
     return f"the last run stopped ({stopped['at']}): {stopped['why']}"
 
 
-def transcripts_line(campaign: str, transcripts: dict) -> str:
+def transcripts_line(campaign: str, transcripts: dict, final: int) -> str:
     """What status says of the transcripts, and what to do while they are not ready (a campaign
-    a transform of an earlier version wrote has no receipt: it reads as not written)."""
+    a transform of an earlier version wrote has no receipt: it reads as not written);
+    ``final``: sessions that have ended (none: the transcripts hold no session)."""
+    if transcripts["ready"] and not final:
+        return (f"transcripts: written {transcripts['written_at']}, of no session: none has ended (`probe-runner pull "
+                f"{campaign} --dest DIR` fetches the refusals)")
     if transcripts["ready"]:
         return f"transcripts: ready (written {transcripts['written_at']}); `probe-runner pull {campaign} --dest DIR` fetches them"
     if transcripts["written_at"] is None:

@@ -194,3 +194,15 @@ def test_the_books_hold_after_a_sigkill_at_each_stage(tmp_path, env, stage):
     assert len(intents) == len(set(intents)) and {a for _, a in intents} == {1}
     assert all("reserved_usd" in e for e in ledger.entries if e["type"] == "start")
     assert ledger.verify() == []
+
+
+def test_a_campaign_whose_budget_starts_nothing_says_its_transcripts_hold_no_session(tmp_path, env):
+    """Issue 29: "`status` says "transcripts: ready" for a campaign in which nothing ran". A
+    budget below one session's reservation starts none: the run exits 3, its transform writes
+    the (empty) transcripts and the refusals, and status says what they hold."""
+    plan = _plan(tmp_path, 2)
+    run = cli("run", str(plan), "--corpus", str(CORPUS), "--budget-usd", "1", env=env)
+    assert run.returncode == EXIT_BUDGET, run.stderr
+    status = cli("status", "demo", env=env)
+    assert "transcripts: ready" not in status.stdout, status.stdout
+    assert "of no session: none has ended" in status.stdout, status.stdout
