@@ -481,7 +481,10 @@ def test_notes_say_how_to_submit_and_pull_with_this_install():
     proc = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
                 "-f", str(CHART / "ci" / "minio-values.yaml"))
     notes = proc.stdout.split("NOTES:", 1)[1]
-    for line in ("export RUNNER_STORE=s3://probes", "export RUNNER_S3__ENDPOINT_URL=http://minio.storage.svc:9000",
+    # Issue 29: "with ci/minio-values.yaml, NOTES tell a workstation to export an in-cluster address"
+    assert "export RUNNER_S3__ENDPOINT_URL=http://minio.storage.svc:9000" not in notes
+    for line in ("export RUNNER_STORE=s3://probes", "export RUNNER_S3__ENDPOINT_URL=...   # the bucket's address as the "
+                 "workstation reaches it: http://minio.storage.svc:9000 is the cluster's own",
                  "export RUNNER_KUBE__NAMESPACE=probes", "export RUNNER_KUBE__INSTANCE=team-a",
                  "ConfigMap team-a-settings", "probe-runner submit plan.json --corpus",
                  "probe-runner status CAMPAIGN --watch", "probe-runner pull CAMPAIGN --dest"):
@@ -491,6 +494,9 @@ def test_notes_say_how_to_submit_and_pull_with_this_install():
     proxied = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
                    "-f", str(CHART / "ci" / "minio-values.yaml"), "--set", "gateway.enabled=false").stdout
     assert "llm-gateway.internal.example:8443 alone, and read the provider credentials themselves" in proxied
+    public = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
+                  "-f", str(CHART / "ci" / "minio-values.yaml"), "--set", "bucket.endpoint=https://s3.example.com").stdout
+    assert "export RUNNER_S3__ENDPOINT_URL=https://s3.example.com\n" in public
     bare = helm("install", "x", str(CHART), "--dry-run=client").stdout
     assert "WARNING: provider.credentialsSecret is empty: the gateway has no key and does not start." in bare
 
