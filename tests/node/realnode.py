@@ -158,14 +158,21 @@ def _cgroup_hierarchies() -> list[Path]:
             if p.is_dir() and p.name != "unified" and (p / "cgroup.procs").exists()]
 
 
+def _all_hierarchies() -> list[Path]:
+    """The cgroup v1 hierarchies and, where this host mounts it beside them, the cgroup2 one
+    (``unified``): runc makes each container's group there too, under the kubelet's root."""
+    unified = CGROUP_ROOT / "unified"
+    return [*_cgroup_hierarchies(), *([unified] if (unified / "cgroup.controllers").exists() else [])]
+
+
 def _remove_cgroup_tree(name: str) -> list[str]:
-    """Kill every process under ``/<name>`` of every hierarchy, then remove the groups,
-    deepest first. Returns what could not be removed."""
+    """Kill every process under ``/<name>`` of every hierarchy (cgroup2's included), then
+    remove the groups, deepest first. Returns what could not be removed."""
     left: list[str] = []
     freezer = CGROUP_ROOT / "freezer" / name
     for _ in range(50):
         pids: set[int] = set()
-        for h in _cgroup_hierarchies():
+        for h in _all_hierarchies():
             top = h / name
             if not top.exists():
                 continue
@@ -179,7 +186,7 @@ def _remove_cgroup_tree(name: str) -> list[str]:
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
     del freezer
-    for h in _cgroup_hierarchies():
+    for h in _all_hierarchies():
         top = h / name
         if not top.exists():
             continue
