@@ -37,6 +37,7 @@ from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import KubeSettings, load_settings
 from runner.store import open_store
+from runner.stream import money
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ports import free_port  # noqa: E402  (tests/ is on sys.path: tests/conftest.py)
@@ -178,6 +179,8 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
             status, body = answers[-1]
             assert all(a[0] == 401 for a in answers[:-1]), answers
             assert json.loads(body)["usage"]["input_tokens"] == 100000
+            # the provider records a request once it has answered it
+            _wait("the call in the provider's record", lambda: any(r["path"].startswith("/v1/messages") for r in provider.requests))
             assert {r["credential"] for r in provider.requests if r["path"].startswith("/v1/messages")} == {"key"}
             # Before the call was forwarded, the Lease held its bound and gateway.hold_usd ($1) more
             # (the session has no limit), with what was counted so far: the refusals before it.
@@ -379,7 +382,7 @@ def test_a_campaign_of_the_real_cli_runs_through_the_gateway_across_its_restart(
     for key, state in ledger.sessions().items():
         capture = json.loads(st.get(f"campaigns/{data['campaign']}/sessions/{key}/capture.json"))
         meter = capture["gateway"]
-        stream = Decimal(str(json.loads(st.get(capture["stream"]["key"]).splitlines()[-1])["total_cost_usd"]))
+        stream = money(Decimal(str(json.loads(st.get(capture["stream"]["key"]).splitlines()[-1])["total_cost_usd"])))  # as the books read it
         metered = Decimal(meter["cost_usd"])
         assert meter["calls"] >= 1 and Decimal(state.detail["cost_usd"]) == max(stream, metered), meter  # the books
         # What the killed gateway held and never gave back counts in full: the most it could have cost.

@@ -29,6 +29,7 @@ from runner.gateway.server import Gateway, GatewayThread
 from runner.ledger import Ledger
 from runner.settings import DEFAULT_PRICES
 from runner.store.file import FileStore
+from runner.stream import money
 
 MODEL = "claude-sonnet-4-5-20250929"
 TASK_MATCH = "status of decision HW-DR-0052"  # the demo's HW-PRB-0007 task
@@ -96,7 +97,7 @@ def test_a_session_finds_no_key_and_its_side_calls_are_metered_and_stopped_at_it
     meter = capture["gateway"]
     assert meter["calls"] == 2 + 2 and meter["refused"] == 2  # 2 CLI calls answered, 2 side calls; 1 side + 1 CLI refused
     assert Decimal(meter["cost_usd"]) == 2 * Decimal("0.0048") + 2 * Decimal("0.315")
-    stream_cost = Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"]))
+    stream_cost = money(Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"])))  # as the books read it
     assert stream_cost.quantize(Decimal("1e-6")) == Decimal("0.0096")
     transcript = " ".join(store.get("campaigns/demo/transcripts/campaign-present.md").decode().split())
     assert ("metered 4 call(s) of 1 session(s) at $0.639600 from the provider's usage fields; their streams state "

@@ -33,6 +33,7 @@ from runner.gateway.server import Gateway, GatewayThread, Meter
 from runner.ledger import Ledger
 from runner.settings import CLI_BETAS, DEFAULT_PRICES, GatewaySettings
 from runner.store.file import FileStore
+from runner.stream import money
 
 MODEL = "claude-sonnet-4-5"
 OUT = 50_000  # what the upstream's answers state as output: $0.75 at Sonnet's $15 per million
@@ -299,7 +300,7 @@ def test_a_hostile_session_through_the_real_cli_stays_within_the_budget(tmp_path
     meter = json.loads(store.get(f"campaigns/demo/sessions/{state.key}/capture.json"))["gateway"]
     assert meter["refused"] == 6 and meter["calls"] == 3  # two CLI calls and the cut stream, read to its end
     assert Decimal(meter["cost_usd"]) == 2 * (1200 * 3 + 80 * 15) / Decimal(10**6) + (100 * 3 + 10 * 15) / Decimal(10**6)
-    stream_cost = Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"]))
+    stream_cost = money(Decimal(str(json.loads(raw.splitlines()[-1])["total_cost_usd"])))  # as the books read it
     assert books(Ledger(store, "demo")).spent == realized_cost(stream_cost, meter) <= 10
 
 
