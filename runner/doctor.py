@@ -115,8 +115,10 @@ def _provider(settings: Settings) -> str:
 
 
 def cluster_checks(settings: Settings) -> list[Check]:
-    """The install this host's kubeconfig reaches: the chart's settings, a ready provider gateway
-    (or egress proxy, where the gateway is off), and one confinement check by a canary pod (where kube.canary_enabled)."""
+    """The install this host's kubeconfig reaches, not this host: the chart's settings, its
+    bucket (written and read from here, as submit and pull do), a ready provider gateway (or
+    egress proxy, where the gateway is off), and one confinement check by a canary pod (where
+    kube.canary_enabled), whose routes include the provider's answer to the gateway's key."""
     from runner.k8s.api import Kube
 
     kube = Kube(settings.kube)
@@ -159,7 +161,10 @@ def cluster_checks(settings: Settings) -> list[Check]:
         check = ConfinementMonitor(install, kube, "doctor", executor.route, executor.foreign_policies).check()
         if not check.passed:
             raise UserError(f"the confinement check failed: {check.problem}")
-        opened = next(r.name for r in check.results if r.must_open)
+        opened = "; ".join(r.name for r in check.results if r.must_open)
         return f"a canary found every route closed but {opened} ({len(check.results)} routes)"
 
-    return [_run("chart", chart), _run("route", route), _run("cluster confinement", confinement)]
+    def store() -> str:
+        return _store(found.get("install", settings))
+
+    return [_run("chart", chart), _run("store", store), _run("route", route), _run("cluster confinement", confinement)]

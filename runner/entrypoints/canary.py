@@ -18,6 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from runner.gateway.server import KEY_PATH
 from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
 
 
@@ -91,6 +92,24 @@ def _http(target: str) -> tuple[bool, str]:
     except OSError as e:
         return _failed(e, "refused")
     return (True, f"answered {line}") if line.startswith("HTTP/") else (False, f"no HTTP answer: {line!r}")
+
+
+def _http_key(target: str) -> tuple[bool, str]:
+    """Whether the provider accepts the gateway's key: its answer to GET KEY_PATH (a token
+    count it asks with the key, nothing spent), 200 or the provider's refusal in its words."""
+    try:
+        with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT * 4) as s:  # the gateway asks the provider
+            s.sendall(f"GET {KEY_PATH} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode())
+            answer = b""
+            while len(answer) < 8192 and (chunk := s.recv(4096)):
+                answer += chunk
+    except OSError as e:
+        return _failed(e, "refused")
+    line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
+    if line.startswith("HTTP/1.1 200 "):
+        return True, "accepted (a token count, nothing spent)"
+    why = answer.split(b"probe-runner gateway: ", 1)[-1].split(b'"}', 1)[0].decode(errors="replace")
+    return False, f"not accepted: {line}: {why}"
 
 
 # What the canary asks the gateway for with its token (a token count: never metered, held to the
@@ -202,6 +221,8 @@ def try_route(route: Route, facts: dict[str, str], ca_file: str | None) -> Resul
         opened, detail = _dns(target)
     elif route.kind == "http":
         opened, detail = _http(target)
+    elif route.kind == "http-key":
+        opened, detail = _http_key(target)
     elif route.kind == "proxy-tls":
         opened, detail = _proxy_tls(target, route.server_name or target, ca_file)
     elif route.kind == "proxy-http":

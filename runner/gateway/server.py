@@ -50,6 +50,12 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 FORWARDED = {"accept", "content-type", "user-agent", "anthropic-version", "anthropic-beta",
              "anthropic-dangerous-direct-browser-access", "x-app", "x-claude-code-session-id"}
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+# GET KEY_PATH: whether the provider accepts the gateway's key, by a token count (nothing spent),
+# asked at most once per KEY_CHECK_SECONDS whoever asks (the canary, helm test, doctor --cluster):
+# no token needed, as it forwards nothing of the asker's and tells nothing but the key's state.
+KEY_PATH = "/probe-runner/key"
+KEY_CHECK_SECONDS = 30.0
+KEY_CHECK_MODEL = "claude-sonnet-4-5"
 SHUTDOWN_SECONDS = 5.0  # what calls still open get when a run's gateway stops
 
 
@@ -231,6 +237,8 @@ class Gateway:
         self.shared = shared
         self.ca_file = ca_file
         self._lock = threading.Lock()  # revocations come from the runner's threads
+        self._key_lock = asyncio.Lock()
+        self._key_checked: tuple[float, tuple[int, str]] | None = None  # (when, (status, why)) of the last key check
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self._client: aiohttp.ClientSession | None = None
 
@@ -314,6 +322,8 @@ class Gateway:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if request.method in ("HEAD", "GET") and request.path == "/":
             return web.Response(status=200)  # the CLI's reachability check: nothing to forward
+        if request.method == "GET" and request.path == KEY_PATH:
+            return await self._key_check()
         token = self._token(request)
         if token is None:
             return self._refuse(request, None, 401, "authentication_error", "no session token")
@@ -401,6 +411,35 @@ class Gateway:
         meter = self.meters.setdefault(claims.attempt_key, Meter())
         meter.claims = claims
         return meter
+
+    async def _key_check(self) -> web.Response:
+        """200 where the provider accepts the key (a token count), else 502 with its answer;
+        asked again only KEY_CHECK_SECONDS after the last answer."""
+        async with self._key_lock:
+            if self._key_checked is None or time.monotonic() - self._key_checked[0] > KEY_CHECK_SECONDS:
+                self._key_checked = (time.monotonic(), await self._ask_key())
+        status, why = self._key_checked[1]
+        if status == 200:
+            return web.json_response({"key": "accepted", "provider": self.upstream})
+        return _error(502, "api_error", f"probe-runner gateway: {why}")
+
+    async def _ask_key(self) -> tuple[int, str]:
+        assert self._client is not None
+        body = json.dumps({"model": KEY_CHECK_MODEL, "messages": [{"role": "user", "content": "key check"}]}).encode()
+        try:
+            async with self._client.post(self.upstream + "/v1/messages/count_tokens", data=body, allow_redirects=False,
+                                         headers={"x-api-key": self.key, "anthropic-version": "2023-06-01",
+                                                  "content-type": "application/json"}) as resp:
+                text = (await resp.read())[:300].decode(errors="replace")
+                status = resp.status
+        except (OSError, TimeoutError, aiohttp.ClientError) as e:
+            log.warning("the key check could not reach the provider at %s: %s: %s", self.upstream, type(e).__name__, e)
+            return 0, f"the provider at {self.upstream} could not be reached ({type(e).__name__})"
+        if status == 200:
+            return 200, ""
+        log.warning("the provider answered the key check with %s: %s", status, text)
+        refused = " refused the gateway's key" if status in (401, 403) else " answered a token count"
+        return status, f"the provider at {self.upstream}{refused} (HTTP {status}): {text}"
 
     def _room(self, claims: Claims) -> bool:
         with self._lock:

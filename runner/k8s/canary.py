@@ -50,7 +50,7 @@ class Route:
     the API server's ClusterIP and port, its node's address, the gateway's ClusterIP and port)."""
 
     name: str
-    kind: str  # tcp | dns | http | proxy-tls | proxy-http | gateway-server-tool | gateway-mcp
+    kind: str  # tcp | dns | http | http-key | proxy-tls | proxy-http | gateway-server-tool | gateway-mcp
     target: str
     server_name: str | None = None
     must_open: bool = False
@@ -94,7 +94,8 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
         if token:
             out += [Route("a server tool through the gateway (web_fetch)", "gateway-server-tool", "{gateway}"),
                     Route("an MCP server through the gateway (the metadata service's URL)", "gateway-mcp", "{gateway}")]
-        return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True)]
+        return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True),
+                Route("the provider accepts the gateway's key (a token count)", "http-key", "{gateway}", must_open=True)]
     out.append(Route("the provider through the egress proxy", "proxy-tls", f"{host}:{port}", host, must_open=True))
     if provider_addresses:
         out.append(Route("the provider by address through the egress proxy", "proxy-tls",

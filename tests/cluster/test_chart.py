@@ -317,17 +317,22 @@ def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, instal
     doctor says it was not measured); against a namespace with no install, the chart and the
     route checks fail, each with what to do, the confinement check is not measured, and the
     exit is 1."""
-    from runner.demo.provider import ScriptedProvider
 
-    with ScriptedProvider({"scenarios": [{"name": "x", "turns": [{"text": "x"}]}]}, api_key="demo-key") as provider:
-        env = {**_user_env(kube_cluster, install, bucket, tmp_path), "RUNNER_PROVIDER__API_KEY": "demo-key",
-               "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_STORE": (tmp_path / "store").as_uri()}
-        ok = _cli(env, "doctor", "--cluster")
-        empty = kube_cluster.create_namespace(f"no-install-{secrets.token_hex(3)}")
-        missing = _cli({**env, "RUNNER_KUBE__NAMESPACE": empty}, "doctor", "--cluster")
+    # Issue 29: "doctor --cluster runs the workstation's local checks (bubblewrap, the local CLI,
+    # the workstation's key against api.anthropic.com), so it fails on a correct install whose
+    # workstation has no key". Here the workstation has no key, no harness and no bubblewrap.
+    env = {k: v for k, v in _user_env(kube_cluster, install, bucket, tmp_path).items()
+           if not k.startswith("RUNNER_PROVIDER__")}
+    env.update(RUNNER_STORE=(tmp_path / "store").as_uri(), RUNNER_HARNESS__COMMAND="no-such-harness",
+               RUNNER_LOCAL__BWRAP="no-such-bwrap")
+    ok = _cli(env, "doctor", "--cluster")
+    empty = kube_cluster.create_namespace(f"no-install-{secrets.token_hex(3)}")
+    missing = _cli({**env, "RUNNER_KUBE__NAMESPACE": empty}, "doctor", "--cluster")
     namespace, release, _ = install
     assert ok.returncode == 0, ok.stdout + ok.stderr
     lines = dict(line[5:].split(": ", 1) for line in ok.stdout.splitlines())
+    assert list(lines) == ["chart", "store", "route", "cluster confinement"], ok.stdout
+    assert lines["store"] == "s3://probes is reachable and writable"  # the install's bucket, from here
     assert lines["chart"] == f"the chart is installed as {release} in {namespace} (ConfigMap {release}-settings)"
     assert lines["route"] == "1 provider gateway pod(s) ready"
     assert lines["cluster confinement"].startswith("not measured: the install sets kube.canary_enabled false")

@@ -336,3 +336,30 @@ def test_tokens_are_bound_to_their_attempt():
         tokens.verify(secret, swapped, time.time())
     assert _token(secret) != t  # a nonce: two tokens of one attempt differ
 
+
+
+def test_the_gateway_says_whether_the_provider_accepts_its_key_and_the_canary_reads_it(caplog):
+    """Issue 29: "a bad provider key is found only by spending a run ... the gateway checks its
+    own key with a call that spends nothing (a token count), in doctor --cluster and as a helm
+    test route". GET /probe-runner/key asks the provider a token count with the gateway's key
+    (no token needed: it forwards nothing of the asker's), at most once per KEY_CHECK_SECONDS;
+    the canary's route reads it, and a refusal is in the gateway's log at warning."""
+    from runner.demo.provider import ScriptedProvider
+    from runner.entrypoints import canary as entry
+
+    with ScriptedProvider({"scenarios": [{"name": "x", "match": "x", "turns": [{"text": "x"}]}]}, api_key="the-right-key") as provider:
+        for key, accepted in (("the-right-key", True), ("a-wrong-key", False)):
+            with GatewayThread(Gateway(provider.base_url, key, tokens.new_secret(), DEFAULT_PRICES)) as served:
+                target = served.url.removeprefix("http://")
+                for _ in range(3):
+                    opened, detail = entry._http_key(target)
+                    assert opened is accepted, detail
+                if accepted:
+                    assert detail == "accepted (a token count, nothing spent)"
+                else:
+                    assert detail.startswith("not accepted: HTTP/1.1 502 Bad Gateway: the provider at ") and \
+                        "refused the gateway's key (HTTP 401)" in detail, detail
+        counts = [r for r in provider.requests if r["path"].startswith("/v1/messages/count_tokens")]
+        assert [r["credential"] for r in counts] == ["key", "other"]  # once per gateway, three asks each
+    assert any(r.levelname == "WARNING" and "the provider answered the key check with 401" in r.getMessage()
+               for r in caplog.records)

@@ -111,4 +111,6 @@ def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_pat
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
     assert lines["ok   chart"].startswith(f"the chart is installed as {install.release}"), done.stdout + done.stderr
     assert lines["ok   route"] == "1 provider gateway pod(s) ready", done.stdout
-    assert lines["ok   cluster confinement"].startswith("a canary found every route closed but the provider gateway"), done.stdout
+    assert lines["ok   cluster confinement"].startswith(
+        "a canary found every route closed but the provider gateway; the provider accepts the gateway's key"), done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -141,9 +141,11 @@ def test_a_session_pod_reaches_the_provider_gateway_and_nothing_else(install, ta
                            "a server tool through the gateway (web_fetch)": "refused by the gateway: the tool type",
                            "an MCP server through the gateway (the metadata service's URL)": "refused by the gateway: "
                                                                                              "the request holds 'mcp_servers'"})
-    assert [r.name for r in check.results if r.must_open] == ["the provider gateway"]
-    good = next(r for r in check.results if r.must_open)
+    assert [r.name for r in check.results if r.must_open] == ["the provider gateway",
+                                                              "the provider accepts the gateway's key (a token count)"]
+    good, key = (r for r in check.results if r.must_open)
     assert good.opened and "answered HTTP/1.1 200" in good.detail, _report(check)
+    assert key.opened and key.detail.startswith("accepted (a token count, nothing spent)"), _report(check)
     assert not [r for r in check.results if "proxy" in r.name], _report(check)  # no proxy is installed
     assert check.passed, check.problem
     assert check.settled_seconds is not None and check.settled_seconds < 30
