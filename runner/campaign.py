@@ -239,8 +239,38 @@ class Progress:
             self.live.close()
 
 
+@dataclass(frozen=True)
+class Remedies:
+    """How a campaign is run again, in the words of the executor it runs on: a run on this host
+    is `run` again; a submitted one is a new controller Job (its old one deleted first: a Job
+    of that name exists) or a resume Job."""
+
+    campaign: str
+    executor: str  # "local" or "kubernetes"
+
+    @property
+    def again(self) -> str:
+        if self.executor == "kubernetes":
+            return (f"delete the campaign's ended controller Job (`kubectl delete job {job_name(self.campaign)}`) and "
+                    f"`probe-runner submit` it again")
+        return "`probe-runner run` it again"
+
+    def resume(self, session: str) -> str:
+        if self.executor == "kubernetes":
+            return f"`probe-runner ledger resume {self.campaign} {session} --job`"
+        return f"`probe-runner ledger resume {self.campaign} {session} --corpus DIR`"
+
+
+def job_name(campaign: str) -> str:
+    """The name of a submitted campaign's controller Job (runner.k8s.jobs.job_name)."""
+    from runner.k8s.jobs import job_name as name
+
+    return name(campaign)
+
+
 @dataclass
 class RunReport:
+    remedies: Remedies = field(default_factory=lambda: Remedies("", "local"))
     ran: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # session -> status it already had
     interrupted: list[str] = field(default_factory=list)
@@ -253,15 +283,17 @@ class RunReport:
     def stopped(self) -> tuple[str, int] | None:
         """Why this run left sessions that no retry of it starts, and the exit status that says
         so (a Job fails at once on it): a failed confinement check, a refused key, the budget."""
+        again = self.remedies.again
         if self.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
             return (f"halted: {self.unconfined}; no further session was started. Fix the cluster's network policy, "
-                    "then run again", EXIT_CONFINEMENT)
+                    f"then {again}", EXIT_CONFINEMENT)
         if self.halted:  # a setting to fix, not a run to retry
-            return f"halted: {self.halted}; fix the provider's key, then run again", EXIT_USAGE
+            return (f"halted: {self.halted}; fix the provider's key, then {again}; "
+                    f"{self.remedies.resume('SESSION')} runs again each session that failed on it"), EXIT_USAGE
         if self.over_budget:
             return (f"budget: {len(self.over_budget)} session(s) not started, e.g. {self.over_budget[0]}: "
-                    f"{self.budget_why}. Nothing of them is journaled; raise RUNNER_BUDGET__CAMPAIGN_USD (--budget-usd) "
-                    "and run again to start them", EXIT_BUDGET)
+                    f"{self.budget_why}. Nothing of them is journaled; raise the budget (--budget-usd) and {again} "
+                    "to start them", EXIT_BUDGET)
         return None
 
 
@@ -276,7 +308,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     ledger = Ledger(store, plan.campaign)
     corpus_digest = corpus_fingerprint(corpus)
     states = ledger.sessions()
-    report = RunReport()
+    report = RunReport(Remedies(plan.campaign, executor.name))
     todo: list[tuple[SessionSpec, int, bool]] = []
     executor.preflight()
     final = {(spec.probe, spec.name, st.attempt) for spec in plan.sessions()
@@ -348,9 +380,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
                 progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
-                              f"session is started. Fix the key; then `probe-runner run` starts the sessions not "
-                              f"started, and `probe-runner ledger resume {plan.campaign} SESSION` runs again each that "
-                              f"failed on it")
+                              f"session is started. Fix the key; then {report.remedies.again} to start the sessions not "
+                              f"started, and {report.remedies.resume('SESSION')} runs again each that failed on it")
             pause = backoff.record(signals)
             if pause > 0:
                 progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"

@@ -133,15 +133,21 @@ def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: t
 
 @cli.command(short_help="in-cluster entry point: run a submitted campaign's sessions as pods")
 @click.option("--campaign", required=True)
+@click.option("--resume", "resume", multiple=True, metavar="SESSION",
+              help="also run a new attempt of SESSION (interrupted or failed; `ledger resume --job`); repeatable")
 @with_settings(concurrency=True, budget=True)
-def controller(settings: Settings, campaign: str) -> int:
+def controller(settings: Settings, campaign: str, resume: tuple[str, ...]) -> int:
     """Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes
     pods, then the transform. Safe to restart: live pods are adopted, nothing repeats."""
     from runner.campaign import fetch_corpus
 
     store, plan = stored_campaign(settings, campaign)
+    if resume:
+        book = campaign_ledger(settings, campaign)[1]
+        for session in resume:
+            resumable(book, plan, session)
     corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
-    return run_sessions(settings, plan, corpus, "kubernetes")
+    return run_sessions(settings, plan, corpus, "kubernetes", resume=set(resume) or None)
 
 
 @cli.command(short_help="in-cluster entry point: the provider gateway, the one holder of the provider key")
@@ -176,16 +182,18 @@ def run_sessions(settings: Settings, plan: Any, corpus: Path, executor: str = "l
     report = done.sessions
     for key in report.interrupted:
         click.echo(f"interrupted: {key} started and has no outcome; it may or may not have executed. "
-                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel or resume it.", err=True)
-    code = print_report(done.store, plan, done.transcripts)
+                   f"Inspect it, then `probe-runner ledger recover {plan.campaign}` and cancel it, or resume it: "
+                   f"{report.remedies.resume(key)}.", err=True)
+    code = print_report(done.store, plan, done.transcripts, report.remedies.again)
     if (stop := report.stopped()) is not None:
         why, code = stop
         click.echo(why, err=True)
     return code
 
 
-def print_report(store: Any, plan: Any, report: Any) -> int:
-    """Where the transcripts are, what was refused, what did not start; the exit status they make."""
+def print_report(store: Any, plan: Any, report: Any, again: str = "`probe-runner run` it again") -> int:
+    """Where the transcripts are, what was refused, what did not start (``again``: how the
+    campaign runs again, on its executor); the exit status they make."""
     from runner.ledger import Ledger
 
     for arm in report.arms:
@@ -202,7 +210,7 @@ def print_report(store: Any, plan: Any, report: Any) -> int:
     waiting = [spec.key for spec in plan.sessions() if spec.key not in states or states[spec.key].status == "intended"]
     if waiting:
         click.echo(f"not started: {len(waiting)} session(s), e.g. {waiting[0]}: nothing was spent; "
-                   "`probe-runner run` again starts them", err=True)
+                   f"{again} to start them", err=True)
     if waiting or any(s.status == "started" for s in states.values()):
         return 1
     return EXIT_CONFINEMENT if report.refusals else 0
@@ -705,18 +713,45 @@ def cancel(settings: Settings, campaign: str, session: str) -> int:
     return 0
 
 
-@ledger.command(short_help="run a new attempt of an interrupted or failed session")
-@campaign_argument
-@session_argument
-@corpus_option("the corpus directory (must be unchanged)")
-@with_settings(budget=True)
-def resume(settings: Settings, campaign: str, session: str, corpus: Path) -> int:
-    """Run a new attempt of SESSION (interrupted or failed), then the transform."""
-    plan, book = campaign_ledger(settings, campaign)
+def resumable(book: Any, plan: Any, session: str) -> None:
     st = latest_attempt(book, plan, session)
     if st.status not in ("interrupted", "failed"):
         raise UserError(f"{session} is {st.status}; only an interrupted or failed session can be resumed")
-    return run_sessions(settings, plan, corpus, resume={session})
+
+
+@ledger.command(short_help="run a new attempt of an interrupted or failed session")
+@campaign_argument
+@session_argument
+@click.option("--corpus", type=click.Path(path_type=Path, file_okay=False),
+              help="the corpus directory (must be unchanged); for a run on this host")
+@click.option("--job", is_flag=True, help="run it in the cluster instead, for a submitted campaign: create the campaign's "
+                                          "resume Job in $RUNNER_KUBE__NAMESPACE (the install's settings, the corpus as "
+                                          "submitted), which also runs what has not run, then the transform")
+@with_settings(budget=True)
+def resume(settings: Settings, campaign: str, session: str, corpus: Path | None, job: bool) -> int:
+    """Run a new attempt of SESSION (interrupted or failed), then the transform: on this host
+    (--corpus), or in the cluster (--job) for a submitted campaign."""
+    plan, book = campaign_ledger(settings, campaign)
+    resumable(book, plan, session)
+    if not job:
+        if corpus is None:
+            raise UserError("give the campaign's corpus (--corpus DIR) to resume on this host, or --job to resume a "
+                            "submitted campaign in the cluster")
+        return run_sessions(settings, plan, corpus, resume={session})
+    from runner.k8s import jobs
+    from runner.k8s.api import Kube
+    from runner.service import mark_run
+
+    kube = Kube(settings.kube)
+    manifest = jobs.controller_job(install_settings(kube, settings), plan.campaign, settings.budget, resume=[session])
+    name, ns = manifest["metadata"]["name"], settings.kube.namespace
+    if not kube.create_job(manifest):
+        raise UserError(f"the resume Job {ns}/{name} of {campaign} exists already: once it has ended, "
+                        f"`kubectl -n {ns} delete job {name}`, then resume again")
+    mark_run(book.store, plan.campaign, "submit")  # the stop the session's failure made is the past now
+    click.echo(f"resume job: {ns}/{name} (created): a new attempt of {session}, then the transform; "
+               f"watch it: probe-runner status {plan.campaign} --watch")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

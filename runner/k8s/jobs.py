@@ -67,15 +67,20 @@ def job_name(campaign: str, action: str = "controller") -> str:
     return names.object_name(action, campaign)
 
 
-def controller_job(settings: Settings, campaign: str, budget: BudgetSettings | None = None) -> dict[str, Any]:
+def controller_job(settings: Settings, campaign: str, budget: BudgetSettings | None = None,
+                   resume: list[str] | None = None) -> dict[str, Any]:
     """The Job that runs every session of ``campaign`` as pods, then the transform; ``budget``:
-    the submitter's limits, as flags over the install's (its ConfigMap's) where set."""
+    the submitter's limits, as flags over the install's (its ConfigMap's) where set. With
+    ``resume`` (sessions, each interrupted or failed), the campaign's resume Job instead: a new
+    attempt of each, beside whatever has not run (``ledger resume --job``)."""
     flags = []
     if budget is not None and budget.campaign_usd is not None:
         flags += ["--budget-usd", str(budget.campaign_usd)]
     if budget is not None and budget.session_usd is not None:
         flags += ["--session-budget-usd", str(budget.session_usd)]
-    return _runner_job(settings, campaign, "controller", names.CONTROLLER_COMPONENT,
+    for session in resume or []:
+        flags += ["--resume", session]
+    return _runner_job(settings, campaign, "resume" if resume else "controller", names.CONTROLLER_COMPONENT,
                        ["probe-runner", "controller", "--campaign", campaign, *flags], api_access=True)
 
 

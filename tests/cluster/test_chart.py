@@ -311,6 +311,51 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert hashlib.sha256((dest / "refusals.json").read_bytes()).hexdigest() in sums.decode()
 
 
+def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_cluster(kube_cluster, install, bucket, tmp_path,
+                                                                                       monkeypatch):
+    """Issue 29: "`ledger resume` always runs the local executor ... Give the cluster path its own
+    resume (as a Job)". A submitted campaign (plan and corpus in the install's bucket) whose
+    session failed: `ledger resume C S --job` creates the campaign's resume Job, a controller
+    that runs a new attempt of S (its command names it), with the install's settings and the
+    controller's identity; a second one is
+    refused while the first exists, and a session that did not fail is not resumed."""
+    namespace, release, _ = install
+    endpoint, _ = bucket
+    user = _user_env(kube_cluster, install, bucket, tmp_path)
+    campaign = f"resume-{secrets.token_hex(3)}"
+    plan = json.loads(demo.PLAN.read_text())
+    plan.update(campaign=campaign, repetitions=1)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    submitted = _cli(user, "submit", str(tmp_path / "plan.json"), "--corpus", str(demo.CORPUS))
+    assert submitted.returncode == 0, submitted.stderr
+    batch = client.BatchV1Api(kube_cluster.api_client())
+    batch.delete_namespaced_job(jobs.job_name(campaign), namespace, propagation_policy="Background")  # it will not run here
+    for k, v in BUCKET_ENV.items():
+        monkeypatch.setenv(k, v)
+    store = open_store("s3://probes", Settings(store="s3://probes", s3={"endpoint_url": endpoint, "region": "us-east-1"}))
+    probe = plan["probes"][0]["id"]
+    failed, fine = f"{probe}/present-001", f"{probe}/absent-001"
+    ledger = Ledger(store, campaign)
+    for session, status in ((failed, "failed"), (fine, "succeeded")):  # as a controller journals them
+        ledger.intent(session, 1, {"probe": probe})
+        ledger.start(session, 1)
+        ledger.outcome(session, 1, status, {"reason": "the harness exited 1"} if status == "failed" else {})
+    resumed = _cli(user, "ledger", "resume", campaign, failed, "--job")
+    assert resumed.returncode == 0, resumed.stderr
+    name = jobs.job_name(campaign, "resume")
+    assert f"resume job: {namespace}/{name} (created)" in resumed.stdout
+    job = batch.read_namespaced_job(name, namespace)
+    assert job.spec.template.spec.containers[0].command == ["probe-runner", "controller", "--campaign", campaign,
+                                                            "--resume", failed]
+    assert job.spec.template.spec.service_account_name == f"{release}-controller"
+    again = _cli(user, "ledger", "resume", campaign, failed, "--job")
+    assert again.returncode == 2 and f"the resume Job {namespace}/{name} of {campaign} exists already" in again.stderr
+    not_failed = _cli(user, "ledger", "resume", campaign, fine, "--job")
+    assert not_failed.returncode == 2 and "is succeeded; only an interrupted or failed session" in not_failed.stderr
+    neither = _cli(user, "ledger", "resume", campaign, failed)
+    assert neither.returncode == 2 and "--corpus DIR" in neither.stderr and "--job" in neither.stderr
+
+
 def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, install, bucket, tmp_path):
     """`probe-runner doctor --cluster` (issue 16, item 3): against the installed chart, its
     settings and a ready provider gateway hold (the canary is off here: KWOK runs no container, and

@@ -83,3 +83,27 @@ def test_a_session_waiting_for_money_holds_no_slot_a_stepped_aside_one_needs(tmp
     # One after the other: the second's reservation fitted only once the first settled at $0.003.
     starts = [e for e in Ledger(store, plan.campaign).entries if e["type"] in ("start", "outcome")]
     assert [e["type"] for e in starts] == ["start", "outcome", "start", "outcome"]
+
+
+def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
+    """Issue 29: "the halt messages say `probe-runner run` again, a local verb, for a submitted
+    campaign ... word every remedy for the executor the campaign runs on"."""
+    from runner.campaign import Remedies, RunReport
+    from runner.k8s.jobs import job_name
+
+    job = job_name("c1")
+    cluster, local = Remedies("c1", "kubernetes"), Remedies("c1", "local")
+    assert cluster.again == f"delete the campaign's ended controller Job (`kubectl delete job {job}`) and " \
+                            "`probe-runner submit` it again"
+    assert cluster.resume("P/s-001") == "`probe-runner ledger resume c1 P/s-001 --job`"
+    assert local.again == "`probe-runner run` it again"
+    assert local.resume("P/s-001") == "`probe-runner ledger resume c1 P/s-001 --corpus DIR`"
+    halted = RunReport(cluster, halted="the provider refused the key (HTTP 401)")
+    assert halted.stopped() == (
+        "halted: the provider refused the key (HTTP 401); fix the provider's key, then delete the campaign's ended "
+        f"controller Job (`kubectl delete job {job}`) and `probe-runner submit` it again; "
+        "`probe-runner ledger resume c1 SESSION --job` runs again each session that failed on it", 2)
+    budget = RunReport(local, over_budget=["P/s-002"], budget_why="$1.25 does not fit")
+    assert budget.stopped() == ("budget: 1 session(s) not started, e.g. P/s-002: $1.25 does not fit. Nothing of them is "
+                                "journaled; raise the budget (--budget-usd) and `probe-runner run` it again to start "
+                                "them", 3)
