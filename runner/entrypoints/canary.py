@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runner.gateway.server import KEY_PATH
+from runner.gateway.tokens import KEY_PATH  # the standard library alone: this runs before a session's CLI
 from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
 
 

@@ -37,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from runner.gateway import policy
-from runner.gateway.tokens import LIMIT_SPENT, Claims, TokenError, verify
+from runner.gateway.tokens import KEY_PATH, LIMIT_SPENT, Claims, TokenError, verify
 from runner.settings import GatewaySettings, ModelPrice
 
 log = logging.getLogger(__name__)
@@ -50,10 +50,10 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 FORWARDED = {"accept", "content-type", "user-agent", "anthropic-version", "anthropic-beta",
              "anthropic-dangerous-direct-browser-access", "x-app", "x-claude-code-session-id"}
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-# GET KEY_PATH: whether the provider accepts the gateway's key, by a token count (nothing spent),
-# asked at most once per KEY_CHECK_SECONDS whoever asks (the canary, helm test, doctor --cluster):
-# no token needed, as it forwards nothing of the asker's and tells nothing but the key's state.
-KEY_PATH = "/probe-runner/key"
+# GET KEY_PATH (runner/gateway/tokens.py): whether the provider accepts the gateway's key, by a
+# token count (nothing spent), asked at most once per KEY_CHECK_SECONDS whoever asks (the canary,
+# helm test, doctor --cluster): no token needed, as it forwards nothing of the asker's and tells
+# nothing but the key's state.
 KEY_CHECK_SECONDS = 30.0
 KEY_CHECK_MODEL = "claude-sonnet-4-5"
 SHUTDOWN_SECONDS = 5.0  # what calls still open get when a run's gateway stops

@@ -22,6 +22,7 @@ PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issue
 # stream's result line (the CLI reports the API's error message there) as the session's own
 # limit ending it.
 LIMIT_SPENT = "the session's spend limit is reached at the gateway"
+KEY_PATH = "/probe-runner/key"  # GET: whether the provider accepts the gateway's key (server.py), the canary's route
 
 
 def limit_spent(result: dict[str, Any]) -> bool:

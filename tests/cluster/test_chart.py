@@ -259,7 +259,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     # Sufficient (the campaign ran) and least: every rule of the Role was used, nothing else was.
     role = chart.by_kind(objs, "Role")[f"{release}-controller"]
     granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
-    assert seen == granted
+    assert seen == granted, sorted(seen)
     store = open_store("s3://probes", Settings(store="s3://probes",
                                                          s3={"endpoint_url": endpoint, "region": "us-east-1"}))
     ledger = Ledger(store, campaign)

@@ -251,3 +251,20 @@ def test_the_canary_tries_ipv6_routes_and_finds_them_closed_in_a_pod_without_ipv
                       (errno.ENETUNREACH, "network unreachable")):
         assert entry._failed(OSError(code, "x"), "refused") == (False, why)
     assert entry._failed(OSError(errno.EIO, "x"), "refused") == (True, "error [Errno 5] x")
+
+
+def test_a_pods_entry_points_import_the_standard_library_and_light_modules_alone():
+    """The harness's entry point and the canary run in the session pod before the CLI, under
+    the harness's uid (tests/cluster/simnode.py runs them so, on this host): importing the
+    gateway's server there (aiohttp, for one path constant of the canary's key route) kept every
+    simulated session's reader from recording its stream. The pod's entry points import no
+    third-party package."""
+    import subprocess
+    import sys
+
+    third_party = ("aiohttp", "kubernetes", "pydantic", "pydantic_settings", "boto3", "botocore", "orjson", "yaml",
+                   "rich", "click", "bashlex", "tenacity")
+    out = subprocess.run([sys.executable, "-c", "import sys, runner.entrypoints.pod, runner.entrypoints.canary; "
+                          "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert not set(third_party) & set(out), sorted(set(third_party) & set(out))
