@@ -94,22 +94,33 @@ def _http(target: str) -> tuple[bool, str]:
     return (True, f"answered {line}") if line.startswith("HTTP/") else (False, f"no HTTP answer: {line!r}")
 
 
+def _ask(target: str, request: bytes, timeout: float) -> tuple[str, bytes]:
+    """Send one HTTP/1.1 request (Connection: close) and read its answer, at most 8 KiB: its
+    status line and the bytes. OSError where no answer came."""
+    with socket.create_connection(_split(target), timeout=timeout) as s:
+        s.sendall(request)
+        answer = b""
+        while len(answer) < 8192 and (chunk := s.recv(4096)):
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0].decode(errors="replace"), answer
+
+
+def _gateway_said(answer: bytes) -> str:
+    """The gateway's own words in an error answer (its message after ``probe-runner gateway: ``)."""
+    return answer.split(b"probe-runner gateway: ", 1)[-1].split(b'"', 1)[0].decode(errors="replace")
+
+
 def _http_key(target: str) -> tuple[bool, str]:
     """Whether the provider accepts the gateway's key: its answer to GET KEY_PATH (a token
     count it asks with the key, nothing spent), 200 or the provider's refusal in its words."""
-    try:
-        with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT * 4) as s:  # the gateway asks the provider
-            s.sendall(f"GET {KEY_PATH} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode())
-            answer = b""
-            while len(answer) < 8192 and (chunk := s.recv(4096)):
-                answer += chunk
+    try:  # a longer wait than a connection's: the gateway asks the provider first
+        line, answer = _ask(target, f"GET {KEY_PATH} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode(),
+                            CONNECT_TIMEOUT * 4)
     except OSError as e:
         return _failed(e, "refused")
-    line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
     if line.startswith("HTTP/1.1 200 "):
         return True, "accepted (a token count, nothing spent)"
-    why = answer.split(b"probe-runner gateway: ", 1)[-1].split(b'"}', 1)[0].decode(errors="replace")
-    return False, f"not accepted: {line}: {why}"
+    return False, f"not accepted: {line}: {_gateway_said(answer)}"
 
 
 # What the canary asks the gateway for with its token (a token count: never metered, held to the
@@ -128,20 +139,15 @@ def _gateway_policy(target: str, kind: str) -> tuple[bool, str]:
         return True, "no token to ask the gateway with"
     body = json.dumps({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "canary"}],
                        **PROVIDER_SIDE[kind]}).encode()
+    request = (f"POST /v1/messages/count_tokens?beta=true HTTP/1.1\r\nHost: {target}\r\nx-api-key: {token}\r\n"
+               f"content-type: application/json\r\nanthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n"
+               f"Connection: close\r\n\r\n").encode() + body
     try:
-        with socket.create_connection(_split(target), timeout=CONNECT_TIMEOUT) as s:
-            s.sendall(f"POST /v1/messages/count_tokens?beta=true HTTP/1.1\r\nHost: {target}\r\nx-api-key: {token}\r\n"
-                      f"content-type: application/json\r\nanthropic-version: 2023-06-01\r\nContent-Length: {len(body)}\r\n"
-                      f"Connection: close\r\n\r\n".encode() + body)
-            answer = b""
-            while len(answer) < 8192 and (chunk := s.recv(4096)):
-                answer += chunk
+        line, answer = _ask(target, request, CONNECT_TIMEOUT)
     except OSError as e:
         return _failed(e, "refused")
-    line = answer.split(b"\r\n", 1)[0].decode(errors="replace")
     if line.startswith("HTTP/1.1 400 ") and b"probe-runner gateway:" in answer:
-        reason = answer.split(b"probe-runner gateway: ", 1)[1].split(b'"', 1)[0].decode(errors="replace")
-        return False, f"refused by the gateway: {reason}"
+        return False, f"refused by the gateway: {_gateway_said(answer)}"
     return True, f"answered {line}"
 
 
