@@ -95,7 +95,7 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
             out += [Route("a server tool through the gateway (web_fetch)", "gateway-server-tool", "{gateway}"),
                     Route("an MCP server through the gateway (the metadata service's URL)", "gateway-mcp", "{gateway}")]
         return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True),
-                Route("the provider accepts the gateway's key (a token count)", "http-key", "{gateway}", must_open=True)]
+                Route("the provider gateway's key check (a token count)", "http-key", "{gateway}", must_open=True)]
     out.append(Route("the provider through the egress proxy", "proxy-tls", f"{host}:{port}", host, must_open=True))
     if provider_addresses:
         out.append(Route("the provider by address through the egress proxy", "proxy-tls",

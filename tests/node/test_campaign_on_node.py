@@ -76,7 +76,8 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
     for t in transcripts:
         text = t.read_text()
         assert "Confinement was measured, not assumed" in text
-        assert "In every check each route was closed but the provider gateway, which answered." in text
+        assert ("In every check each route was closed but the provider gateway and the provider gateway's key check "
+                "(a token count), which answered.") in text
 
     # The controller's transform parsed the streams in 2 processes of its pod (the chart's
     # transformParallelMinBytes is 0 here, its CPU limit 2): read-only root, non-root, spawned
@@ -112,5 +113,5 @@ def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_pat
     assert lines["ok   chart"].startswith(f"the chart is installed as {install.release}"), done.stdout + done.stderr
     assert lines["ok   route"] == "1 provider gateway pod(s) ready", done.stdout
     assert lines["ok   cluster confinement"].startswith(
-        "a canary found every route closed but the provider gateway; the provider accepts the gateway's key"), done.stdout
+        "a canary found every route closed but the provider gateway; the provider gateway's key check (a token count)"), done.stdout
     assert done.returncode == 0, done.stdout + done.stderr

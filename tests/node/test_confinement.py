@@ -142,7 +142,7 @@ def test_a_session_pod_reaches_the_provider_gateway_and_nothing_else(install, ta
                            "an MCP server through the gateway (the metadata service's URL)": "refused by the gateway: "
                                                                                              "the request holds 'mcp_servers'"})
     assert [r.name for r in check.results if r.must_open] == ["the provider gateway",
-                                                              "the provider accepts the gateway's key (a token count)"]
+                                                              "the provider gateway's key check (a token count)"]
     good, key = (r for r in check.results if r.must_open)
     assert good.opened and "answered HTTP/1.1 200" in good.detail, _report(check)
     assert key.opened and key.detail.startswith("accepted (a token count, nothing spent)"), _report(check)

@@ -163,7 +163,7 @@ def test_the_canarys_routes_through_the_gateway():
         canary.Route("the provider directly", "tcp", "[2607:6bc0::10]:443"),
         canary.Route("10.0.0.5:5432 directly", "tcp", "10.0.0.5:5432"),
         canary.Route("the provider gateway", "http", "{gateway}", must_open=True),
-        canary.Route("the provider accepts the gateway's key (a token count)", "http-key", "{gateway}", must_open=True),
+        canary.Route("the provider gateway's key check (a token count)", "http-key", "{gateway}", must_open=True),
     ]
 
 
@@ -232,7 +232,7 @@ def test_with_a_token_the_canary_asks_the_gateway_for_what_it_must_refuse():
         canary.Route("a server tool through the gateway (web_fetch)", "gateway-server-tool", "{gateway}"),
         canary.Route("an MCP server through the gateway (the metadata service's URL)", "gateway-mcp", "{gateway}"),
         canary.Route("the provider gateway", "http", "{gateway}", must_open=True),
-        canary.Route("the provider accepts the gateway's key (a token count)", "http-key", "{gateway}", must_open=True)]
+        canary.Route("the provider gateway's key check (a token count)", "http-key", "{gateway}", must_open=True)]
     assert not [r for r in canary.routes("https://api.anthropic.com", [], None, [], [], gateway=True)
                 if r.kind.startswith("gateway-")]
 
