@@ -293,20 +293,12 @@ class LeaseMeters:
             meter_lease(self.instance, self.kube.namespace, pod, self.gateway_pod, claims, state, lease))
 
     def _write_latest(self, claims: Claims) -> None:
-        """Write the gateway's current state of the attempt, whatever the others wrote meanwhile."""
-        key = claims.attempt_key
-        with self._lock(key):
-            lease = self._leases.get(key) if key in self._leases else self._read(claims)
-            for _ in range(self.CONFLICTS):
-                state = self.state_of(key)
-                if state is None or self.pods.pod(claims) is None:
-                    return  # dropped, or its pod is gone and its Lease with it: nobody will read this meter
-                try:
-                    self._write(claims, state, lease)
-                    return
-                except Conflict:
-                    lease = self._read(claims)
-        raise TimeoutError(f"the Lease of {claims.name} changed under {self.CONFLICTS} writes in a row")
+        """Write the gateway's current state of the attempt, whatever the others wrote meanwhile
+        (nothing where the meter was dropped or its pod is gone, and its Lease with it)."""
+        def latest(others: Decimal) -> dict[str, Any] | bool:
+            state = self.state_of(claims.attempt_key)
+            return state if state is not None and self.pods.pod(claims) is not None else True
+        self.hold(claims, latest, lambda state: None)
 
     def _take(self) -> Claims | None:
         """The next attempt to write that no other thread is writing; None once stopping and done."""
