@@ -205,7 +205,6 @@ class LeaseMeters:
     def __init__(self, kube: Kube, instance: str, pods: SessionPods, gateway_pod: str) -> None:
         self.kube, self.instance, self.pods, self.gateway_pod = kube, instance, pods, gateway_pod
         self.state_of: Callable[[Attempt], dict[str, Any] | None] = lambda attempt: None  # the gateway's
-        self.writes = 0  # Lease writes made (a figure for bench/gateway_cluster.py)
         self._leases: dict[Attempt, dict[str, Any] | None] = {}  # as last read or written
         self._locks: dict[Attempt, threading.Lock] = {}
         self._dirty: dict[Attempt, Claims] = {}
@@ -288,7 +287,6 @@ class LeaseMeters:
         pod = self.pods.pod(claims)
         if pod is None:
             raise LookupError(f"{claims.name} has no session pod: its Lease went with it")
-        self.writes += 1
         self._leases[claims.attempt_key] = self.kube.write_lease(
             meter_lease(self.instance, self.kube.namespace, pod, self.gateway_pod, claims, state, lease))
 
