@@ -333,8 +333,9 @@ class LeaseMeters:
 
 
 def serve(settings: Settings) -> None:
-    """Run the install's gateway until SIGTERM or SIGINT: open calls then get
-    gateway.drain_seconds, and the meters are written before it exits."""
+    """Run the install's gateway until SIGTERM or SIGINT; then serve on for
+    gateway.deregister_seconds, let open calls finish within gateway.drain_seconds, and write
+    the meters before it exits."""
     s, k = settings, settings.kube
     if s.provider.api_key is None:
         raise UserError("the gateway holds the provider key: give it as provider.api_key (the chart: the "
@@ -363,12 +364,25 @@ def serve(settings: Settings) -> None:
             log.info("gateway %s serving on port %d for %s, forwarding to %s", me, s.gateway.port, k.instance,
                         s.provider.base_url)
             pruned = time.monotonic()
-            while not stop.wait(CLOSE_SECONDS):
+
+            def tend() -> None:
+                nonlocal pruned
                 gateway.close(lambda claims: pods.ended(claims) is not None)
                 if time.monotonic() - pruned > PRUNE_SECONDS:
                     meters.forget(gateway.forget(pods.gone))
                     pruned = time.monotonic()
-            log.info("stopping: open calls get %g s", s.gateway.drain_seconds)
+
+            while not stop.wait(CLOSE_SECONDS):
+                tend()
+            # The pod's deletion and the signal arrive together, but the Service's endpoints and
+            # each node's proxy forget the pod a moment later: a listener closed now refuses the
+            # connections still sent here (a `helm test` right after a rollout once failed so).
+            log.info("stopping: serving %g s more while the Service forgets this pod, then open calls get %g s",
+                     s.gateway.deregister_seconds, s.gateway.drain_seconds)
+            until = time.monotonic() + s.gateway.deregister_seconds
+            while (left := until - time.monotonic()) > 0:
+                time.sleep(min(left, CLOSE_SECONDS))
+                tend()
         gateway.close(lambda claims: True)  # this gateway serves no more calls: what it holds goes back
     finally:
         meters.stop()

@@ -90,7 +90,8 @@ class GatewayProcess:
         env.update({"RUNNER_KUBE__KUBECONFIG": str(kube_cluster.kubeconfig), "RUNNER_KUBE__NAMESPACE": namespace,
                     "RUNNER_PROVIDER__BASE_URL": upstream, "RUNNER_PROVIDER__API_KEY": KEY,
                     "RUNNER_GATEWAY__TOKEN_SECRET": secret.decode(), "RUNNER_GATEWAY__PORT": str(port),
-                    "RUNNER_GATEWAY__DRAIN_SECONDS": "1", "RUNNER_LOG__LEVEL": "info", "POD_NAME": pod_name,
+                    "RUNNER_GATEWAY__DRAIN_SECONDS": "1",
+                    "RUNNER_GATEWAY__DEREGISTER_SECONDS": "0", "RUNNER_LOG__LEVEL": "info", "POD_NAME": pod_name,
                     # the clients here are on loopback, not at their KWOK pods' addresses (but in
                     # the test of the binding itself)
                     "RUNNER_GATEWAY__BIND_TO_POD_ADDRESS": "false",
@@ -209,6 +210,32 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
     log = gw.text()
     assert f"refused POST /v1/messages ({campaign}/HW-PRB-0007/present-001#1): token refused: the attempt has no session pod" in log
     assert "token refused: forged: the signature does not match" in log
+
+
+def test_a_stopped_gateway_serves_on_while_the_service_forgets_its_pod(kube_cluster, nodes, namespace):  # noqa: F811
+    """Issue 29, item 10: a `helm test` right after a rollout failed once while the old gateway
+    pod was terminating. The pod's deletion and its SIGTERM arrive together, but the Service's
+    endpoints and each node's proxy forget the pod a moment later; a gateway that closed its
+    listener at the signal refused the connections still sent to it. Stopped, it answers new
+    connections for gateway.deregister_seconds, then stops within its drain."""
+    with ScriptedProvider(SIDE_SCENARIOS, api_key=KEY) as provider:
+        gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secrets.token_hex(24).encode(), "gateway-a",
+                            free_port(), deregister_seconds="3")
+        try:
+            gw.proc.send_signal(signal.SIGTERM)
+            stopped = time.monotonic()
+            answers = []
+            while time.monotonic() - stopped < 2:  # each on a new connection, as the Service sends them
+                try:
+                    answers.append(_request(gw.url, "HEAD", "/", None)[0])
+                except OSError as e:
+                    answers.append(type(e).__name__)
+                time.sleep(0.1)
+            assert set(answers) == {200}, answers
+            gw.proc.wait(3 + 1 + 10)  # deregister, drain (1 s here), and a margin
+        finally:
+            gw.stop(signal.SIGKILL)
+    assert "stopping: serving 3 s more while the Service forgets this pod, then open calls get 1 s" in gw.text()
 
 
 @pytest.fixture

@@ -243,8 +243,8 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     from runner.k8s import policy
 
     gateway = v["gateway"]["enabled"]
-    assert s.gateway.enabled is gateway and (s.gateway.port, s.gateway.drain_seconds) == (
-        v["gateway"]["port"], v["gateway"]["drainSeconds"])
+    assert s.gateway.enabled is gateway and (s.gateway.port, s.gateway.deregister_seconds, s.gateway.drain_seconds) == (
+        v["gateway"]["port"], v["gateway"]["deregisterSeconds"], v["gateway"]["drainSeconds"])
     route = policy.route_service_name(s)
     assert route == ("team-a-gateway" if gateway else "team-a-egress-proxy")
     service = by_kind(objs, "Service")[route]
@@ -441,7 +441,8 @@ def test_route_pods_are_hardened_and_only_the_gateway_mounts_a_token(values):
         assert by_kind(objs, "Role")[name]["rules"] == [
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]
-        assert pod["terminationGracePeriodSeconds"] == values_of(values)["gateway"]["drainSeconds"] + 5
+        g = values_of(values)["gateway"]
+        assert pod["terminationGracePeriodSeconds"] == g["deregisterSeconds"] + g["drainSeconds"] + 5
     for sa in by_kind(objs, "ServiceAccount").values():  # a pod that needs a token asks for it
         assert sa["automountServiceAccountToken"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
