@@ -24,7 +24,7 @@ from typing import Any
 from runner import digest, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget
 from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Executor, Slot, Slots
+from runner.executors.base import Executor, Halt, Slot, Slots
 from runner.ledger import Ledger, sessions_digest
 from runner.live import LiveProgress
 from runner.plan import Plan, SessionSpec, parse_plan
@@ -255,10 +255,17 @@ class Remedies:
                     f"`probe-runner submit` it again")
         return "`probe-runner run` it again"
 
-    def resume(self, session: str) -> str:
+    @property
+    def fix_key(self) -> str:
         if self.executor == "kubernetes":
-            return f"`probe-runner ledger resume {self.campaign} {session} --job`"
-        return f"`probe-runner ledger resume {self.campaign} {session} --corpus DIR`"
+            return "fix the key in the install's credentials Secret and restart its gateway"
+        return "fix the provider's key"
+
+    def resume(self, *sessions: str) -> str:
+        named = " ".join(sessions)
+        if self.executor == "kubernetes":
+            return f"`probe-runner ledger resume {self.campaign} {named} --job`"
+        return f"`probe-runner ledger resume {self.campaign} {named} --corpus DIR`"
 
 
 def job_name(campaign: str) -> str:
@@ -276,9 +283,17 @@ class RunReport:
     interrupted: list[str] = field(default_factory=list)
     halted: str | None = None  # why session starts stopped (a refused key), or None
     unconfined: str | None = None  # why session starts stopped (a failed confinement check), or None
+    refused: list[str] = field(default_factory=list)  # sessions whose stream showed the key refused
     over_budget: list[str] = field(default_factory=list)  # sessions not started: their reservation did not fit
     budget_why: str | None = None  # the budget's words for the last of them
     ledger_read: str = ""  # ledger.sessions_digest of the planned sessions as this run left them
+
+    def halt(self, halt: Halt) -> None:
+        """Note the executor's halt: the key's or the platform's (the first of each is kept)."""
+        if halt.key:
+            self.halted = self.halted or halt.why
+        else:
+            self.unconfined = self.unconfined or halt.why
 
     def stopped(self) -> tuple[str, int] | None:
         """Why this run left sessions that no retry of it starts, and the exit status that says
@@ -288,8 +303,8 @@ class RunReport:
             return (f"halted: {self.unconfined}; no further session was started. Fix the cluster's network policy, "
                     f"then {again}", EXIT_CONFINEMENT)
         if self.halted:  # a setting to fix, not a run to retry
-            return (f"halted: {self.halted}; fix the provider's key, then {again}; "
-                    f"{self.remedies.resume('SESSION')} runs again each session that failed on it"), EXIT_USAGE
+            failed = f"; {self.remedies.resume(*self.refused)} runs again the sessions that failed on it" if self.refused else ""
+            return f"halted: {self.halted}; {self.remedies.fix_key}, then {again}{failed}", EXIT_USAGE
         if self.over_budget:
             return (f"budget: {len(self.over_budget)} session(s) not started, e.g. {self.over_budget[0]}: "
                     f"{self.budget_why}. Nothing of them is journaled; raise the budget (--budget-usd) and {again} "
@@ -360,10 +375,10 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 gate.done(ledger, spec.key, attempt)
 
     def one_in_slot(spec: SessionSpec, attempt: int, adopt: bool, slot: Slot) -> None:
-        why = executor.halted()
-        if why and not adopt:  # nothing is journaled: the next run starts it, after a passing check
-            report.unconfined = why
-            not_started(spec, attempt, why)
+        halt = executor.halted()
+        if halt and not adopt:  # nothing is journaled: the next run starts it, after a passing check
+            report.halt(halt)
+            not_started(spec, attempt, halt.why)
             return
         if backoff is not None and not adopt:
             try:
@@ -379,9 +394,10 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         progress.session(spec, status, cost)
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
-                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further "
-                              f"session is started. Fix the key; then {report.remedies.again} to start the sessions not "
-                              f"started, and {report.remedies.resume('SESSION')} runs again each that failed on it")
+                report.refused.append(spec.key)
+                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further session is started. "
+                              f"{report.remedies.fix_key[0].upper()}{report.remedies.fix_key[1:]}; then {report.remedies.again} to start the "
+                              f"sessions not started, and {report.remedies.resume(spec.key)} runs it again")
             pause = backoff.record(signals)
             if pause > 0:
                 progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
@@ -397,9 +413,10 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 f.result()
     finally:
         progress.close()
-    report.halted = backoff.halted if backoff is not None else None
-    if report.unconfined is None:
-        report.unconfined = executor.halted()
+    if backoff is not None and backoff.halted is not None:
+        report.halted = report.halted or backoff.halted
+    if (halt := executor.halted()) is not None:
+        report.halt(halt)
     report.ledger_read = sessions_digest(ledger.sessions(), [spec.key for spec in plan.sessions()])
     return report
 

@@ -719,37 +719,40 @@ def resumable(book: Any, plan: Any, session: str) -> None:
         raise UserError(f"{session} is {st.status}; only an interrupted or failed session can be resumed")
 
 
-@ledger.command(short_help="run a new attempt of an interrupted or failed session")
+@ledger.command(short_help="run a new attempt of interrupted or failed sessions")
 @campaign_argument
-@session_argument
+@click.argument("sessions", metavar="PROBE/SESSION...", nargs=-1, required=True)
 @click.option("--corpus", type=click.Path(path_type=Path, file_okay=False),
               help="the corpus directory (must be unchanged); for a run on this host")
-@click.option("--job", is_flag=True, help="run it in the cluster instead, for a submitted campaign: create the campaign's "
-                                          "resume Job in $RUNNER_KUBE__NAMESPACE (the install's settings, the corpus as "
-                                          "submitted), which also runs what has not run, then the transform")
+@click.option("--job", is_flag=True, help="run them in the cluster instead, for a submitted campaign: create the "
+                                          "campaign's resume Job in $RUNNER_KUBE__NAMESPACE (the install's settings, "
+                                          "the corpus as submitted), which also runs what has not run, then the transform")
 @with_settings(budget=True)
-def resume(settings: Settings, campaign: str, session: str, corpus: Path | None, job: bool) -> int:
-    """Run a new attempt of SESSION (interrupted or failed), then the transform: on this host
-    (--corpus), or in the cluster (--job) for a submitted campaign."""
+def resume(settings: Settings, campaign: str, sessions: tuple[str, ...], corpus: Path | None, job: bool) -> int:
+    """Run a new attempt of each SESSION (interrupted or failed), then the transform: on this
+    host (--corpus), or in the cluster (--job, one Job for them all) for a submitted campaign."""
     plan, book = campaign_ledger(settings, campaign)
-    resumable(book, plan, session)
+    sessions = tuple(dict.fromkeys(sessions))  # each once, in the order given
+    for session in sessions:
+        resumable(book, plan, session)
     if not job:
         if corpus is None:
             raise UserError("give the campaign's corpus (--corpus DIR) to resume on this host, or --job to resume a "
                             "submitted campaign in the cluster")
-        return run_sessions(settings, plan, corpus, resume={session})
+        return run_sessions(settings, plan, corpus, resume=set(sessions))
     from runner.k8s import jobs
     from runner.k8s.api import Kube
     from runner.service import mark_run
 
     kube = Kube(settings.kube)
-    manifest = jobs.controller_job(install_settings(kube, settings), plan.campaign, settings.budget, resume=[session])
+    manifest = jobs.controller_job(install_settings(kube, settings), plan.campaign, settings.budget,
+                                   resume=list(sessions))
     name, ns = manifest["metadata"]["name"], settings.kube.namespace
     if not kube.create_job(manifest):
         raise UserError(f"the resume Job {ns}/{name} of {campaign} exists already: once it has ended, "
                         f"`kubectl -n {ns} delete job {name}`, then resume again")
-    mark_run(book.store, plan.campaign, "submit")  # the stop the session's failure made is the past now
-    click.echo(f"resume job: {ns}/{name} (created): a new attempt of {session}, then the transform; "
+    mark_run(book.store, plan.campaign, "submit")  # the stop the sessions' failure made is the past now
+    click.echo(f"resume job: {ns}/{name} (created): a new attempt of {', '.join(sessions)}, then the transform; "
                f"watch it: probe-runner status {plan.campaign} --watch")
     return 0
 

@@ -28,6 +28,11 @@ class ConfinementError(UserError):
     exit_code = EXIT_CONFINEMENT
 
 
+class KeyRefused(UserError):
+    """The provider refuses the install's key (the gateway's key check): a setting to fix, exit 2,
+    nothing spent."""
+
+
 class SealError(UserError):
     """A workspace cannot be sealed for a (probe, arm); the session must not run."""
 

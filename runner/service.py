@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import layout
-from runner.campaign import RunReport, run_sessions
-from runner.errors import UserError
+from runner.campaign import Remedies, RunReport, run_sessions
+from runner.errors import ConfinementError, KeyRefused, UserError
 from runner.executors.base import Executor
-from runner.ledger import now
+from runner.ledger import Ledger, now, sessions_digest
 from runner.plan import Plan
 from runner.settings import Settings
 from runner.store import Store, open_store
@@ -77,11 +77,23 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
             backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
             report = run_sessions(plan, corpus, store, runner, settings.local.workdir, settings.concurrency,
                                   produced or [], resume=resume, backoff=backoff, budget=settings.budget)
+        except UserError as e:  # refused before a session ran (the first confinement or key check, a bad input):
+            # final for a Job too, so a watch must end on it, with what to do (the monitor's words end on the fix)
+            why = f"{e}, then {Remedies(plan.campaign, runner.name).again}" if runner.name == "kubernetes" and isinstance(
+                e, ConfinementError | KeyRefused) else str(e)
+            record_stop(store, plan, why, e.exit_code,
+                        sessions_digest(Ledger(store, plan.campaign).sessions(), [x.key for x in plan.sessions()]))
+            raise type(e)(why) from e
         finally:
             runner.close()
         transcripts = run_transform(store, plan, settings.transform.workers, settings.transform.parallel_min_bytes)
         if (stop := report.stopped()) is not None:  # after the transform: a watch that ends on it finds the transcripts
-            why, code = stop
-            store.put(layout.stopped_key(plan.campaign), json.dumps(
-                {"at": now(), "why": why, "exit": code, "sessions_sha256": report.ledger_read}, indent=2).encode() + b"\n")
+            record_stop(store, plan, *stop, report.ledger_read)
         return CampaignRun(store, report, transcripts)
+
+
+def record_stop(store: Store, plan: Plan, why: str, code: int, ledger_read: str) -> None:
+    """Why a run stopped with sessions left that no retry of it starts (layout.stopped_key):
+    what `status` says, and a watch ends on, while the ledger stays as it read it."""
+    store.put(layout.stopped_key(plan.campaign), json.dumps(
+        {"at": now(), "why": why, "exit": code, "sessions_sha256": ledger_read}, indent=2).encode() + b"\n")

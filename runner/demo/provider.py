@@ -656,7 +656,9 @@ class ScriptedProvider:
     written to ``record_path`` as JSONL, if given).
 
     ``api_key``: when given, a ``/v1/`` request that does not carry it (``x-api-key`` or
-    ``Authorization: Bearer``) is answered 401 ``authentication_error``, as the provider does;
+    ``Authorization: Bearer``) is answered 401 ``authentication_error``, as the provider does
+    (``refusal_status`` 403: ``permission_error``, as for a key without the permission, which
+    the CLI does not retry);
     each record's ``credential`` says whether the key came (``key``), something else did
     (``other``) or nothing (``none``), never the value.
 
@@ -676,9 +678,10 @@ class ScriptedProvider:
         tls: ssl.SSLContext | None = None,
         server_name: str | None = None,
         api_key: str | None = None,
+        refusal_status: int = 401,
     ) -> None:
         self.scenarios = load_scenarios(scenarios)
-        self.api_key = api_key
+        self.api_key, self.refusal_status = api_key, refusal_status
         self.record_path = Path(record_path) if record_path is not None else None
         self.requests: list[dict[str, Any]] = []
         self.unknown_paths: list[str] = []
@@ -911,8 +914,9 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.provider.api_key is not None and path.startswith("/v1/") and rec["credential"] != "key":
                 rec["kind"] = "unauthorized"
-                rec["status"] = 401
-                self._error(401, "authentication_error", "invalid x-api-key")
+                status = rec["status"] = self.provider.refusal_status
+                self._error(status, _default_error_type(status), "invalid x-api-key" if status == 401 else
+                            "this API key does not have permission to use the Messages API")
             elif self.command == "POST" and path == "/v1/messages":
                 self._messages(rec)
             elif self.command == "POST" and path == "/v1/messages/count_tokens":

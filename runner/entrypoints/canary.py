@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from runner.gateway.tokens import KEY_PATH  # the standard library alone: this runs before a session's CLI
-from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
+from runner.k8s.canary import CONNECT_TIMEOUT, KEY_REFUSED, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
 
 
 def _pod_facts() -> dict[str, str]:
@@ -120,6 +120,8 @@ def _http_key(target: str) -> tuple[bool, str]:
         return _failed(e, "refused")
     if line.startswith("HTTP/1.1 200 "):
         return True, "accepted (a token count, nothing spent)"
+    if line.startswith("HTTP/1.1 403 "):
+        return False, f"{KEY_REFUSED}: {_gateway_said(answer)}"
     return False, f"not accepted: {line}: {_gateway_said(answer)}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, Protocol, TypedDict
 
@@ -20,6 +21,16 @@ from runner.store import Store
 # (probe, session, attempt) of a session attempt whose harness may still run (a pod a restarted
 # controller adopts instead of starting the session again).
 Live = tuple[str, str, int]
+
+
+@dataclass(frozen=True)
+class Halt:
+    """Why no further session may start, and whose matter it is: ``key``, the provider refused
+    the install's key (a setting to fix, exit 2, as when a session's stream shows it); else the
+    platform no longer confines sessions as promised (exit 12)."""
+
+    why: str
+    key: bool = False
 
 
 class CaptureRecord(TypedDict):
@@ -147,7 +158,7 @@ class Executor(Protocol):
     def finish(self, keys: SessionKeys) -> None:
         """The attempt's outcome is journaled: release what it held (its pod)."""
 
-    def halted(self) -> str | None:
+    def halted(self) -> Halt | None:
         """Why no further session may start (a confinement check failed), or None."""
 
     def close(self) -> None:

@@ -43,7 +43,7 @@ from runner.entrypoints.pod import (
     record_argv,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import CaptureRecord, Live, Slot
+from runner.executors.base import CaptureRecord, Halt, Live, Slot
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
 from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
@@ -149,8 +149,8 @@ class KubernetesExecutor:
             self.monitor.start()
         return live
 
-    def halted(self) -> str | None:
-        """Why no further session may start (a failed confinement check), or None."""
+    def halted(self) -> Halt | None:
+        """Why no further session may start (a failed confinement check, or its key check), or None."""
         return self.monitor.halted if self.monitor is not None else None
 
     def close(self) -> None:

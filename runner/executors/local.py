@@ -58,7 +58,7 @@ from pathlib import Path
 from runner import harness, hooks
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
-from runner.executors.base import CaptureRecord, Live, Slot
+from runner.executors.base import CaptureRecord, Halt, Live, Slot
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.gateway.local import LocalGateway
@@ -286,7 +286,7 @@ class LocalExecutor:
             env["ANTHROPIC_API_KEY"] = key.get_secret_value()
         return env
 
-    def halted(self) -> str | None:
+    def halted(self) -> Halt | None:
         """bwrap's confinement is checked per session, before its harness runs (preflight too)."""
         return None
 

@@ -413,14 +413,17 @@ class Gateway:
         return meter
 
     async def _key_check(self) -> web.Response:
-        """200 where the provider accepts the key (a token count), else 502 with its answer;
-        asked again only KEY_CHECK_SECONDS after the last answer."""
+        """200 where the provider accepts the key (a token count); 403 where it refuses it (401
+        or 403: the key is the operator's to fix); else 502 with its answer (the provider not
+        reached, or another error). Asked again only KEY_CHECK_SECONDS after the last answer."""
         async with self._key_lock:
             if self._key_checked is None or time.monotonic() - self._key_checked[0] > KEY_CHECK_SECONDS:
                 self._key_checked = (time.monotonic(), await self._ask_key())
         status, why = self._key_checked[1]
         if status == 200:
             return web.json_response({"key": "accepted", "provider": self.upstream})
+        if status in (401, 403):
+            return _error(403, "permission_error", f"probe-runner gateway: {why}")
         return _error(502, "api_error", f"probe-runner gateway: {why}")
 
     async def _ask_key(self) -> tuple[int, str]:

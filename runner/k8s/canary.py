@@ -43,6 +43,10 @@ METADATA_ADDRESS_V6 = "fd00:ec2::254"  # the metadata service's IPv6 address (EC
 OUTSIDE_V6 = "2001:4860:4860::8888"  # a public IPv6 address (a public resolver), as any host outside would be
 
 
+KEY_ROUTE = "the provider gateway's key check (a token count)"
+KEY_REFUSED = "the provider refused the key"  # how the key check's result begins where it did
+
+
 @dataclass(frozen=True)
 class Route:
     """One route to try. ``target`` is host:port, or an http URL for ``proxy-http``; ``{dns}``,
@@ -95,7 +99,7 @@ def routes(provider_url: str, provider_addresses: list[str], neighbour: str | No
             out += [Route("a server tool through the gateway (web_fetch)", "gateway-server-tool", "{gateway}"),
                     Route("an MCP server through the gateway (the metadata service's URL)", "gateway-mcp", "{gateway}")]
         return [*out, Route("the provider gateway", "http", "{gateway}", must_open=True),
-                Route("the provider gateway's key check (a token count)", "http-key", "{gateway}", must_open=True)]
+                Route(KEY_ROUTE, "http-key", "{gateway}", must_open=True)]
     out.append(Route("the provider through the egress proxy", "proxy-tls", f"{host}:{port}", host, must_open=True))
     if provider_addresses:
         out.append(Route("the provider by address through the egress proxy", "proxy-tls",
@@ -113,8 +117,17 @@ def hostport(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+def key_refused(results: list[Result]) -> bool:
+    """Whether the key check found the provider refusing the install's key: not a route that
+    failed but a setting to fix (the credentials Secret), as a session's refused key is."""
+    return any(r.name == KEY_ROUTE and not r.opened and r.detail.startswith(KEY_REFUSED) for r in results)
+
+
 def judge(results: list[Result]) -> str | None:
     """The first thing wrong with a canary's results, stated for a user, or None."""
+    for r in results:
+        if r.name == KEY_ROUTE and key_refused([r]):
+            return f"{r.detail} ({r.name})"
     for r in results:
         if r.must_open and not r.opened:
             return f"the provider path failed: {r.name} ({r.target}): {r.detail}"

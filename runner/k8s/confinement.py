@@ -21,13 +21,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
-from runner.errors import ConfinementError
+from runner.errors import ConfinementError, KeyRefused
+from runner.executors.base import Halt
 from runner.gateway import tokens
 from runner.k8s import canary, manifests, names, podstate, policy
 from runner.k8s.api import Kube
 from runner.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+def fix_key(settings: Settings) -> str:
+    """What an operator does about a key the provider refuses, for this install."""
+    gateway = names.gateway_name(settings.kube.instance)
+    return (f"Fix the key in the install's credentials Secret (its key api-key), then restart the gateway "
+            f"(`kubectl -n {settings.kube.namespace} rollout restart deployment/{gateway}`)")
 
 
 @dataclass
@@ -41,6 +49,11 @@ class Check:
     @property
     def passed(self) -> bool:
         return self.problem is None
+
+    @property
+    def key_refused(self) -> bool:
+        """The provider refused the install's key: the operator's key to fix, not a route."""
+        return canary.key_refused(self.results)
 
     def summary(self) -> dict:
         """What a capture record keeps of a check: when, what was tried, what it found."""
@@ -59,7 +72,7 @@ class ConfinementMonitor:
     foreign_policies: object  # callable () -> list[str]: names of policies that also select sessions
     token_secret: bytes | None = None  # the gateway's signing key: the canary then asks it as a session would
     checks: list[Check] = field(default_factory=list)
-    halted: str | None = None
+    halted: Halt | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -157,9 +170,12 @@ class ConfinementMonitor:
     def start(self) -> None:
         """The first check, synchronously (refuses the campaign), then the periodic ones."""
         first = self.check()
+        if first.key_refused:
+            raise KeyRefused(f"the key check before the first session: {first.problem}; no session was started. "
+                             f"{fix_key(self.settings)}")
         if not first.passed:
             raise ConfinementError(f"confinement check before the first session: {first.problem}; no session was "
-                                   "started")
+                                   "started. Fix the cluster's network policy")
         interval = self.settings.kube.canary_interval_seconds
         if interval > 0:
             self._thread = threading.Thread(target=self._loop, args=(interval,), name="confinement-monitor",
@@ -174,8 +190,8 @@ class ConfinementMonitor:
                 log.exception("confinement monitor failed")
                 found = Check(len(self.checks) + 1, "", [], f"the confinement monitor failed: {e}")
             if not found.passed:
-                self.halted = f"confinement check {found.number} at {found.at}: {found.problem}"
-                log.error("%s: no further session is started", self.halted, extra={"campaign": self.campaign})
+                self.halted = Halt(f"confinement check {found.number} at {found.at}: {found.problem}", found.key_refused)
+                log.error("%s: no further session is started", self.halted.why, extra={"campaign": self.campaign})
                 return
 
     def stop(self) -> None:

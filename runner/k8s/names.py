@@ -61,6 +61,11 @@ def session_service_account(instance: str) -> str:
     return f"{instance}-session"
 
 
+def gateway_name(instance: str) -> str:
+    """The chart's gateway Deployment and Service (helm: probe-runner.gatewayName)."""
+    return f"{instance}-gateway"
+
+
 def session_labels(instance: str, campaign: str, probe: str, session: str, attempt: int) -> dict[str, str]:
     return {
         **component_labels(instance, SESSION_COMPONENT),

@@ -334,19 +334,19 @@ def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_clu
         monkeypatch.setenv(k, v)
     store = open_store("s3://probes", Settings(store="s3://probes", s3={"endpoint_url": endpoint, "region": "us-east-1"}))
     probe = plan["probes"][0]["id"]
-    failed, fine = f"{probe}/present-001", f"{probe}/absent-001"
+    failed, fine, other = f"{probe}/present-001", f"{probe}/absent-001", f"{plan['probes'][1]['id']}/present-001"
     ledger = Ledger(store, campaign)
-    for session, status in ((failed, "failed"), (fine, "succeeded")):  # as a controller journals them
+    for session, status in ((failed, "failed"), (fine, "succeeded"), (other, "failed")):  # as a controller journals them
         ledger.intent(session, 1, {"probe": probe})
         ledger.start(session, 1)
         ledger.outcome(session, 1, status, {"reason": "the harness exited 1"} if status == "failed" else {})
-    resumed = _cli(user, "ledger", "resume", campaign, failed, "--job")
+    resumed = _cli(user, "ledger", "resume", campaign, failed, other, failed, "--job")  # one Job for them all
     assert resumed.returncode == 0, resumed.stderr
     name = jobs.job_name(campaign, "resume")
-    assert f"resume job: {namespace}/{name} (created)" in resumed.stdout
+    assert f"resume job: {namespace}/{name} (created): a new attempt of {failed}, {other}, then" in resumed.stdout
     job = batch.read_namespaced_job(name, namespace)
     assert job.spec.template.spec.containers[0].command == ["probe-runner", "controller", "--campaign", campaign,
-                                                            "--resume", failed]
+                                                            "--resume", failed, "--resume", other]
     assert job.spec.template.spec.service_account_name == f"{release}-controller"
     again = _cli(user, "ledger", "resume", campaign, failed, "--job")
     assert again.returncode == 2 and f"the resume Job {namespace}/{name} of {campaign} exists already" in again.stderr

@@ -188,3 +188,17 @@ def test_a_started_session_is_never_rerun_until_recovered_and_resumed(tmp_path, 
     assert cli("transform", "demo", env=env).returncode == 12  # the cancelled session is listed, not recorded
     assert "transcripts: ready" in cli("status", "demo", env=env).stdout
     assert cli("ledger", "verify", "demo", env=env).returncode == 0
+
+
+def test_a_run_refused_before_its_first_session_is_a_stop_a_watch_ends_on(tmp_path, env):
+    """Issue 29, item 3: a watch must end where the run did. A run refused before any session
+    (the first confinement or key check; here bubblewrap missing) exits at once, and for a
+    controller Job that exit is final; before, it recorded no stop, so `status --watch` waited on
+    sessions nothing would start, for good. Now the stop is recorded with its words and exit."""
+    env = {**env, "RUNNER_LOCAL__BWRAP": str(tmp_path / "no-bwrap")}
+    ran = cli("run", str(PLAN), "--corpus", str(CORPUS), env=env)
+    assert ran.returncode == 12 and "bubblewrap" in ran.stderr and "Traceback" not in ran.stderr, ran.stderr
+    watched = cli("status", "demo", "--watch", "--interval", "0.1", env=env, timeout=60)
+    assert watched.returncode == 12, watched.stdout + watched.stderr
+    assert "the last run stopped (" in watched.stdout and "is not installed: a session cannot be confined" in watched.stdout
+    assert json.loads(cli("status", "demo", "--json", env=env).stdout)["stopped"]["exit"] == 12

@@ -26,6 +26,7 @@ from wire import RecordingUpstream  # tests/ is on the path (tests/conftest.py)
 from runner.demo import CORPUS, PLAN
 from runner.gateway import tokens
 from runner.gateway.server import Gateway, GatewayThread
+from runner.k8s import canary
 from runner.ledger import Ledger
 from runner.settings import DEFAULT_PRICES
 from runner.store.file import FileStore
@@ -357,9 +358,16 @@ def test_the_gateway_says_whether_the_provider_accepts_its_key_and_the_canary_re
                 if accepted:
                     assert detail == "accepted (a token count, nothing spent)"
                 else:
-                    assert detail.startswith("not accepted: HTTP/1.1 502 Bad Gateway: the provider at ") and \
+                    assert detail.startswith("the provider refused the key: the provider at ") and \
                         "refused the gateway's key (HTTP 401)" in detail, detail
+                    assert canary.key_refused([canary.Result(canary.KEY_ROUTE, target, True, opened, detail)])
         counts = [r for r in provider.requests if r["path"].startswith("/v1/messages/count_tokens")]
         assert [r["credential"] for r in counts] == ["key", "other"]  # once per gateway, three asks each
     assert any(r.levelname == "WARNING" and "the provider answered the key check with 401" in r.getMessage()
                for r in caplog.records)
+    # A provider not reached is a route's failure, not the key's: 502, and not read as a refused key.
+    with GatewayThread(Gateway("http://127.0.0.1:9", "k", tokens.new_secret(), DEFAULT_PRICES)) as served:
+        target = served.url.removeprefix("http://")
+        opened, detail = entry._http_key(target)
+        assert not opened and detail.startswith("not accepted: HTTP/1.1 502 Bad Gateway: the provider at "), detail
+        assert not canary.key_refused([canary.Result(canary.KEY_ROUTE, target, True, opened, detail)])

@@ -95,14 +95,26 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     cluster, local = Remedies("c1", "kubernetes"), Remedies("c1", "local")
     assert cluster.again == f"delete the campaign's ended controller Job (`kubectl delete job {job}`) and " \
                             "`probe-runner submit` it again"
-    assert cluster.resume("P/s-001") == "`probe-runner ledger resume c1 P/s-001 --job`"
+    assert cluster.resume("P/s-001", "P/s-002") == "`probe-runner ledger resume c1 P/s-001 P/s-002 --job`"
     assert local.again == "`probe-runner run` it again"
     assert local.resume("P/s-001") == "`probe-runner ledger resume c1 P/s-001 --corpus DIR`"
-    halted = RunReport(cluster, halted="the provider refused the key (HTTP 401)")
+    halted = RunReport(cluster, halted="the provider refused the key (HTTP 401)", refused=["P/s-001", "P/s-003"])
     assert halted.stopped() == (
-        "halted: the provider refused the key (HTTP 401); fix the provider's key, then delete the campaign's ended "
-        f"controller Job (`kubectl delete job {job}`) and `probe-runner submit` it again; "
-        "`probe-runner ledger resume c1 SESSION --job` runs again each session that failed on it", 2)
+        "halted: the provider refused the key (HTTP 401); fix the key in the install's credentials Secret and restart "
+        f"its gateway, then delete the campaign's ended controller Job (`kubectl delete job {job}`) and `probe-runner "
+        "submit` it again; `probe-runner ledger resume c1 P/s-001 P/s-003 --job` runs again the sessions that failed on it", 2)
+    assert RunReport(local, halted="the key check refused it").stopped() == (
+        "halted: the key check refused it; fix the provider's key, then `probe-runner run` it again", 2)
+    # The confinement monitor's halts: the key's is the key's remedy and exit 2, a route's exit 12.
+    from runner.executors.base import Halt
+
+    both = RunReport(cluster)
+    both.halt(Halt("check 2: the provider refused the key", key=True))
+    both.halt(Halt("check 3: a route opened"))
+    assert (both.halted, both.unconfined) == ("check 2: the provider refused the key", "check 3: a route opened")
+    keyed = RunReport(cluster)
+    keyed.halt(Halt("check 2: the provider refused the key", key=True))
+    assert keyed.stopped()[1] == 2 and "fix the key in the install's credentials Secret" in keyed.stopped()[0]
     budget = RunReport(local, over_budget=["P/s-002"], budget_why="$1.25 does not fit")
     assert budget.stopped() == ("budget: 1 session(s) not started, e.g. P/s-002: $1.25 does not fit. Nothing of them is "
                                 "journaled; raise the budget (--budget-usd) and `probe-runner run` it again to start "
