@@ -303,8 +303,9 @@ class RunReport:
             return (f"halted: {self.unconfined}; no further session was started. Fix the cluster's network policy, "
                     f"then {again}", EXIT_CONFINEMENT)
         if self.halted:  # a setting to fix, not a run to retry
-            failed = f"; {self.remedies.resume(*self.refused)} runs again the sessions that failed on it" if self.refused else ""
-            return f"halted: {self.halted}; {self.remedies.fix_key}, then {again}{failed}", EXIT_USAGE
+            then = (f"{self.remedies.resume(*self.refused)} runs again the sessions that failed on it and starts those "
+                    "not started") if self.refused else again
+            return f"halted: {self.halted}; {self.remedies.fix_key}, then {then}", EXIT_USAGE
         if self.over_budget:
             return (f"budget: {len(self.over_budget)} session(s) not started, e.g. {self.over_budget[0]}: "
                     f"{self.budget_why}. Nothing of them is journaled; raise the budget (--budget-usd) and {again} "
@@ -395,9 +396,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
                 report.refused.append(spec.key)
-                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further session is started. "
-                              f"{report.remedies.fix_key[0].upper()}{report.remedies.fix_key[1:]}; then {report.remedies.again} to start the "
-                              f"sessions not started, and {report.remedies.resume(spec.key)} runs it again")
+                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further session is started "
+                              "(the run's end says what to do)")
             pause = backoff.record(signals)
             if pause > 0:
                 progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"

@@ -433,6 +433,17 @@ def transform(settings: Settings, campaign: str, job: bool) -> int:
     return 0
 
 
+def one_controller(kube: Any, campaign: str, other: str) -> None:
+    """Refuse a second controller of a campaign while its ``other`` one (``controller``: the
+    submitted Job; ``resume``: the resume Job) runs: both would start what has not run."""
+    from runner.k8s import jobs
+
+    name = jobs.job_name(campaign, other)
+    if kube.job_running(name):
+        raise UserError(f"the campaign's {other} Job {kube.namespace}/{name} is running; one controller runs a "
+                        "campaign at a time: once it has ended, try again")
+
+
 def install_settings(kube: Any, settings: Settings) -> Settings:
     """The installed chart's settings (its ConfigMap), which the campaign's Jobs run with."""
     from runner.k8s import jobs
@@ -480,6 +491,7 @@ def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: 
     store = open_store(install.store, install)
     store_plan(store, parsed)
     corpus_digest = store_corpus(store, parsed.campaign, corpus)
+    one_controller(kube, parsed.campaign, "resume")
     manifest = jobs.controller_job(install, parsed.campaign, settings.budget)
     created = kube.create_job(manifest)
     name = manifest["metadata"]["name"]
@@ -745,6 +757,7 @@ def resume(settings: Settings, campaign: str, sessions: tuple[str, ...], corpus:
     from runner.service import mark_run
 
     kube = Kube(settings.kube)
+    one_controller(kube, plan.campaign, "controller")
     manifest = jobs.controller_job(install_settings(kube, settings), plan.campaign, settings.budget,
                                    resume=list(sessions))
     name, ns = manifest["metadata"]["name"], settings.kube.namespace

@@ -7,7 +7,9 @@ where it is off, the provider through the egress proxy) does not, when a foreign
 selects session pods, or when the check cannot finish. The first check's failure refuses the campaign (exit 12, nothing started);
 a later one halts new session starts (the campaign then exits 12 with the route named), and
 every session that was running is told by its capture record, whose ``confinement_checks``
-list the checks from the one in force at its start to its end.
+list the checks from the one in force at its start to its end. A check whose key check found
+the provider refusing the install's key is the key's matter, not a route's: exit 2, its remedy
+named (the credentials Secret, the gateway's restart).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 def fix_key(settings: Settings) -> str:
     """What an operator does about a key the provider refuses, for this install."""
     gateway = names.gateway_name(settings.kube.instance)
-    return (f"Fix the key in the install's credentials Secret (its key api-key), then restart the gateway "
+    return (f"Fix the key in the install's credentials Secret (its key api-key) and restart the gateway "
             f"(`kubectl -n {settings.kube.namespace} rollout restart deployment/{gateway}`)")
 
 

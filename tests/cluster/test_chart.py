@@ -317,8 +317,8 @@ def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_clu
     resume (as a Job)". A submitted campaign (plan and corpus in the install's bucket) whose
     session failed: `ledger resume C S --job` creates the campaign's resume Job, a controller
     that runs a new attempt of S (its command names it), with the install's settings and the
-    controller's identity; a second one is
-    refused while the first exists, and a session that did not fail is not resumed."""
+    controller's identity; a second one is refused while the first exists, neither runs beside
+    the campaign's other controller Job, and a session that did not fail is not resumed."""
     namespace, release, _ = install
     endpoint, _ = bucket
     user = _user_env(kube_cluster, install, bucket, tmp_path)
@@ -330,6 +330,12 @@ def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_clu
     assert submitted.returncode == 0, submitted.stderr
     batch = client.BatchV1Api(kube_cluster.api_client())
     batch.delete_namespaced_job(jobs.job_name(campaign), namespace, propagation_policy="Background")  # it will not run here
+
+    def not_ended(name: str) -> None:
+        """A Job of that name that has not ended (suspended: KWOK completes a real one at once)."""
+        batch.create_namespaced_job(namespace, {"metadata": {"name": name}, "spec": {"suspend": True, "template": {
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}})
+
     for k, v in BUCKET_ENV.items():
         monkeypatch.setenv(k, v)
     store = open_store("s3://probes", Settings(store="s3://probes", s3={"endpoint_url": endpoint, "region": "us-east-1"}))
@@ -340,6 +346,12 @@ def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_clu
         ledger.intent(session, 1, {"probe": probe})
         ledger.start(session, 1)
         ledger.outcome(session, 1, status, {"reason": "the harness exited 1"} if status == "failed" else {})
+    # One controller runs a campaign at a time: both would start what has not run.
+    not_ended(jobs.job_name(campaign))
+    while_running = _cli(user, "ledger", "resume", campaign, failed, "--job")
+    assert while_running.returncode == 2, while_running.stderr
+    assert f"the campaign's controller Job {namespace}/{jobs.job_name(campaign)} is running" in while_running.stderr
+    batch.delete_namespaced_job(jobs.job_name(campaign), namespace, propagation_policy="Background")
     resumed = _cli(user, "ledger", "resume", campaign, failed, other, failed, "--job")  # one Job for them all
     assert resumed.returncode == 0, resumed.stderr
     name = jobs.job_name(campaign, "resume")
@@ -350,6 +362,10 @@ def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_clu
     assert job.spec.template.spec.service_account_name == f"{release}-controller"
     again = _cli(user, "ledger", "resume", campaign, failed, "--job")
     assert again.returncode == 2 and f"the resume Job {namespace}/{name} of {campaign} exists already" in again.stderr
+    batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+    not_ended(name)
+    resubmitted = _cli(user, "submit", str(tmp_path / "plan.json"), "--corpus", str(demo.CORPUS))
+    assert resubmitted.returncode == 2 and f"the campaign's resume Job {namespace}/{name} is running" in resubmitted.stderr
     not_failed = _cli(user, "ledger", "resume", campaign, fine, "--job")
     assert not_failed.returncode == 2 and "is succeeded; only an interrupted or failed session" in not_failed.stderr
     neither = _cli(user, "ledger", "resume", campaign, failed)

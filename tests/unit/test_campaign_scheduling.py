@@ -101,10 +101,14 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     halted = RunReport(cluster, halted="the provider refused the key (HTTP 401)", refused=["P/s-001", "P/s-003"])
     assert halted.stopped() == (
         "halted: the provider refused the key (HTTP 401); fix the key in the install's credentials Secret and restart "
-        f"its gateway, then delete the campaign's ended controller Job (`kubectl delete job {job}`) and `probe-runner "
-        "submit` it again; `probe-runner ledger resume c1 P/s-001 P/s-003 --job` runs again the sessions that failed on it", 2)
+        "its gateway, then `probe-runner ledger resume c1 P/s-001 P/s-003 --job` runs again the sessions that failed on "
+        "it and starts those not started", 2)
     assert RunReport(local, halted="the key check refused it").stopped() == (
         "halted: the key check refused it; fix the provider's key, then `probe-runner run` it again", 2)
+    assert RunReport(cluster, halted="the key check refused it").stopped() == (
+        "halted: the key check refused it; fix the key in the install's credentials Secret and restart its gateway, "
+        f"then delete the campaign's ended controller Job (`kubectl delete job {job}`) and `probe-runner submit` it "
+        "again", 2)
     # The confinement monitor's halts: the key's is the key's remedy and exit 2, a route's exit 12.
     from runner.executors.base import Halt
 
