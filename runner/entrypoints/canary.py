@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runner.gateway.tokens import KEY_PATH  # the standard library alone: this runs before a session's CLI
+from runner.gateway.tokens import KEY_PATH, STOPPING  # the standard library alone: this runs before a session's CLI
 from runner.k8s.canary import CONNECT_TIMEOUT, KEY_REFUSED, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
 
 
@@ -105,19 +105,34 @@ def _ask(target: str, request: bytes, timeout: float) -> tuple[str, bytes]:
     return answer.split(b"\r\n", 1)[0].decode(errors="replace"), answer
 
 
+KEY_PATIENCE = 20.0  # seconds a key check asks again while a stopping gateway pod answers it
+
+
 def _gateway_said(answer: bytes) -> str:
     """The gateway's own words in an error answer (its message after ``probe-runner gateway: ``)."""
-    return answer.split(b"probe-runner gateway: ", 1)[-1].split(b'"', 1)[0].decode(errors="replace")
+    try:
+        message = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+    except (IndexError, ValueError, KeyError, TypeError):  # not the gateway's JSON: as far as it reads
+        return answer.split(b"probe-runner gateway: ", 1)[-1].split(b'"', 1)[0].decode(errors="replace")
+    return str(message).removeprefix("probe-runner gateway: ")
 
 
-def _http_key(target: str) -> tuple[bool, str]:
+def _http_key(target: str, patience: float = KEY_PATIENCE) -> tuple[bool, str]:
     """Whether the provider accepts the gateway's key: its answer to GET KEY_PATH (a token
-    count it asks with the key, nothing spent), 200 or the provider's refusal in its words."""
-    try:  # a longer wait than a connection's: the gateway asks the provider first
-        line, answer = _ask(target, f"GET {KEY_PATH} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n".encode(),
-                            CONNECT_TIMEOUT * 4)
-    except OSError as e:
-        return _failed(e, "refused")
+    count it asks with the key, nothing spent), 200 or the provider's refusal in its words.
+    A gateway pod being replaced (a rollout, after the key's fix) vouches for no key: asked
+    again, for up to ``patience`` seconds, until the Service sends the question to one that
+    stays."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:  # a longer wait than a connection's: the gateway asks the provider first
+            line, answer = _ask(target, f"GET {KEY_PATH} HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n"
+                                .encode(), CONNECT_TIMEOUT * 4)
+        except OSError as e:
+            return _failed(e, "refused")
+        if not (line.startswith("HTTP/1.1 503 ") and STOPPING in _gateway_said(answer)) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     if line.startswith("HTTP/1.1 200 "):
         return True, "accepted (a token count, nothing spent)"
     if line.startswith("HTTP/1.1 403 "):

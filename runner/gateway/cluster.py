@@ -374,6 +374,7 @@ def serve(settings: Settings) -> None:
 
             while not stop.wait(CLOSE_SECONDS):
                 tend()
+            gateway.stopping = True
             # The pod's deletion and the signal arrive together, but the Service's endpoints and
             # each node's proxy forget the pod a moment later: a listener closed now refuses the
             # connections still sent here (a `helm test` right after a rollout once failed so).

@@ -37,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from runner.gateway import policy
-from runner.gateway.tokens import KEY_PATH, LIMIT_SPENT, Claims, TokenError, verify
+from runner.gateway.tokens import KEY_PATH, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
 from runner.settings import GatewaySettings, ModelPrice
 
 log = logging.getLogger(__name__)
@@ -239,6 +239,9 @@ class Gateway:
         self._lock = threading.Lock()  # revocations come from the runner's threads
         self._key_lock = asyncio.Lock()
         self._key_checked: tuple[float, tuple[int, str]] | None = None  # (when, (status, why)) of the last key check
+        # Set once this gateway is being replaced (serve(): SIGTERM): it serves calls on while the
+        # Service forgets it, but vouches for no key (a rollout after a key's fix replaces it).
+        self.stopping = False
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self._client: aiohttp.ClientSession | None = None
 
@@ -323,6 +326,8 @@ class Gateway:
         if request.method in ("HEAD", "GET") and request.path == "/":
             return web.Response(status=200)  # the CLI's reachability check: nothing to forward
         if request.method == "GET" and request.path == KEY_PATH:
+            if self.stopping:  # the canary asks again, on a new connection, which reaches a pod that stays
+                return _error(503, "overloaded_error", f"probe-runner gateway: {STOPPING}")
             return await self._key_check()
         token = self._token(request)
         if token is None:
@@ -433,13 +438,17 @@ class Gateway:
             async with self._client.post(self.upstream + "/v1/messages/count_tokens", data=body, allow_redirects=False,
                                          headers={"x-api-key": self.key, "anthropic-version": "2023-06-01",
                                                   "content-type": "application/json"}) as resp:
-                text = (await resp.read())[:300].decode(errors="replace")
+                raw = await resp.read()
                 status = resp.status
         except (OSError, TimeoutError, aiohttp.ClientError) as e:
             log.warning("the key check could not reach the provider at %s: %s: %s", self.upstream, type(e).__name__, e)
             return 0, f"the provider at {self.upstream} could not be reached ({type(e).__name__})"
         if status == 200:
             return 200, ""
+        try:  # the provider's own words (an error object), else the start of its answer
+            text = str(json.loads(raw)["error"]["message"])[:300]
+        except (ValueError, KeyError, TypeError):
+            text = raw[:300].decode(errors="replace")
         log.warning("the provider answered the key check with %s: %s", status, text)
         refused = " refused the gateway's key" if status in (401, 403) else " answered a token count"
         return status, f"the provider at {self.upstream}{refused} (HTTP {status}): {text}"

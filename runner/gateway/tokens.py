@@ -23,6 +23,7 @@ PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issue
 # limit ending it.
 LIMIT_SPENT = "the session's spend limit is reached at the gateway"
 KEY_PATH = "/probe-runner/key"  # GET: whether the provider accepts the gateway's key (server.py), the canary's route
+STOPPING = "this gateway pod is stopping: ask again"  # its 503 to a key check (a rollout's old pod)
 
 
 def limit_spent(result: dict[str, Any]) -> bool:

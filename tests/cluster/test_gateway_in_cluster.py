@@ -232,6 +232,9 @@ def test_a_stopped_gateway_serves_on_while_the_service_forgets_its_pod(kube_clus
                     answers.append(type(e).__name__)
                 time.sleep(0.1)
             assert set(answers) == {200}, answers
+            # but it vouches for no key: a rollout after the key's fix is replacing it
+            status, body = _request(gw.url, "GET", tokens.KEY_PATH, None)
+            assert status == 503 and tokens.STOPPING.encode() in body, body
             gw.proc.wait(3 + 1 + 10)  # deregister, drain (1 s here), and a margin
         finally:
             gw.stop(signal.SIGKILL)

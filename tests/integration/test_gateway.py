@@ -358,13 +358,26 @@ def test_the_gateway_says_whether_the_provider_accepts_its_key_and_the_canary_re
                 if accepted:
                     assert detail == "accepted (a token count, nothing spent)"
                 else:
-                    assert detail.startswith("the provider refused the key: the provider at ") and \
-                        "refused the gateway's key (HTTP 401)" in detail, detail
+                    assert detail == (f"the provider refused the key: the provider at {provider.base_url} refused the "
+                                      "gateway's key (HTTP 401): invalid x-api-key"), detail
                     assert canary.key_refused([canary.Result(canary.KEY_ROUTE, target, True, opened, detail)])
         counts = [r for r in provider.requests if r["path"].startswith("/v1/messages/count_tokens")]
         assert [r["credential"] for r in counts] == ["key", "other"]  # once per gateway, three asks each
     assert any(r.levelname == "WARNING" and "the provider answered the key check with 401" in r.getMessage()
                for r in caplog.records)
+    # A gateway pod being replaced vouches for no key (it may hold the one a rollout replaces): 503,
+    # and the canary asks again until a pod that stays answers.
+    with ScriptedProvider({"scenarios": [{"name": "x", "match": "x", "turns": [{"text": "x"}]}]}, api_key="the-right-key") as provider:
+        gateway = Gateway(provider.base_url, "the-right-key", tokens.new_secret(), DEFAULT_PRICES)
+        with GatewayThread(gateway) as served:
+            target = served.url.removeprefix("http://")
+            gateway.stopping = True
+            assert entry._http_key(target, patience=0) == (
+                False, "not accepted: HTTP/1.1 503 Service Unavailable: this gateway pod is stopping: ask again")
+            threading.Timer(1.0, lambda: setattr(gateway, "stopping", False)).start()
+            started = time.monotonic()
+            assert entry._http_key(target) == (True, "accepted (a token count, nothing spent)")
+            assert 0.9 < time.monotonic() - started < 10
     # A provider not reached is a route's failure, not the key's: 502, and not read as a refused key.
     with GatewayThread(Gateway("http://127.0.0.1:9", "k", tokens.new_secret(), DEFAULT_PRICES)) as served:
         target = served.url.removeprefix("http://")

@@ -78,3 +78,19 @@ def test_refused_credentials_stop_new_session_starts(scripted_provider, claude_c
     outcome = next(e for e in ledger.entries if e["type"] == "outcome")
     assert outcome["detail"]["reason"] == "the provider refused the key with HTTP 401"
     assert len(provider.main_loop_requests()) == 2  # the first session's call and its one retry, nothing else
+
+
+def test_a_key_without_the_permission_halts_at_once(scripted_provider, claude_command, tmp_path):
+    """403 (a key the provider knows but that may not call the Messages API) is refused as 401 is,
+    and the CLI does not retry it: the first session fails at once and halts the starts. The
+    halt names the session to resume."""
+    provider = scripted_provider(SCENARIO, api_key="the-right-key", refusal_status=403)
+    proc, store = _run("forbidden", 3, provider, claude_command, tmp_path)  # the gateway holds "k"
+    assert proc.returncode == 2, proc.stderr + proc.stdout
+    assert "the provider refused the key with HTTP 403 in HW-PRB-0007/present-001" in proc.stderr, proc.stderr
+    assert ("fix the provider's key, then `probe-runner ledger resume forbidden HW-PRB-0007/present-001 --corpus DIR` "
+            "runs again the sessions that failed on it and starts those not started") in proc.stderr, proc.stderr
+    states = Ledger(open_store(store), "forbidden").sessions()
+    assert {k: s.status for k, s in states.items()} == {"HW-PRB-0007/present-001": "failed"}
+    calls = [r for r in provider.requests if r["path"].split("?")[0] == "/v1/messages"]
+    assert [r["status"] for r in calls] == [403], calls  # not retried

@@ -247,7 +247,28 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bucket", "namespace": ns}, "stringData": BUCKET_ENV},
     ])
     values = work / "values.json"
-    values.write_text(json.dumps({
+    values.write_text(json.dumps(node_values(node, provider, bucket_endpoint, concurrency, gateway)))
+    try:
+        helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
+                  "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
+    except AssertionError as e:  # say why a pod of the install is not ready: its state and its last log lines
+        raise AssertionError(f"{e}\n{install_state(node, ns)}") from None
+    return Install(ns, release, node, bucket_endpoint)
+
+
+def install_state(node: Any, ns: str) -> str:
+    """The pods of an install: their state, descriptions and last log lines."""
+    seen = [node.kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout]
+    for pod in node.kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split():
+        seen.append(node.kubectl("-n", ns, "describe", pod, check=False).stdout[-3000:])
+        seen.append(node.kubectl("-n", ns, "logs", pod, "--all-containers", "--tail=30", check=False).stdout)
+    return "\n".join(seen)
+
+
+def node_values(node: Any, provider: Provider, bucket_endpoint: str, concurrency: int = 2,
+                gateway: bool = True) -> dict[str, Any]:
+    """The chart's values for this node: images as imported, the scripted provider, moto."""
+    return {
         "images": {"pullPolicy": "Never"},
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
         "bucket": {"store": "s3://probes", "endpoint": bucket_endpoint, "region": "us-east-1",
@@ -268,17 +289,24 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
         # The scripted provider has a private address here, as an on-prem provider would: the
         # proxy's egress names its range (by default private ranges are out of reach).
         "networkPolicy": {"providerIPBlocks": [{"cidr": f"{node.provider_ip}/32"}]},
-    }))
-    try:
-        helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
-                  "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
-    except AssertionError as e:  # say why a pod of the install is not ready: its state and its last log lines
-        seen = [node.kubectl("-n", ns, "get", "pods", "-o", "wide", check=False).stdout]
-        for pod in node.kubectl("-n", ns, "get", "pods", "-o", "name", check=False).stdout.split():
-            seen.append(node.kubectl("-n", ns, "describe", pod, check=False).stdout[-3000:])
-            seen.append(node.kubectl("-n", ns, "logs", pod, "--all-containers", "--tail=30", check=False).stdout)
-        raise AssertionError(f"{e}\n" + "\n".join(seen)) from None
-    return Install(ns, release, node, bucket_endpoint)
+    }
+
+
+@pytest.fixture(scope="session")
+def node_values_for(real_node: Any, provider: Provider, bucket: tuple[str, Any]) -> Any:
+    """``node_values`` of this session's node, for a test that installs the chart its own way."""
+    return lambda **kw: node_values(real_node, provider, bucket[0], **kw)
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> str:
+    return str(_helm_module().helm_binary())
+
+
+@pytest.fixture(scope="session")
+def bucket_env() -> dict[str, str]:
+    """The bucket's credentials (moto takes any)."""
+    return dict(BUCKET_ENV)
 
 
 @pytest.fixture(scope="session")
