@@ -18,8 +18,8 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runner.gateway.tokens import KEY_PATH, STOPPING  # the standard library alone: this runs before a session's CLI
-from runner.k8s.canary import CONNECT_TIMEOUT, KEY_REFUSED, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
+from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, STOPPING  # the standard library alone: this runs before a session's CLI
+from runner.k8s.canary import CONNECT_TIMEOUT, SETTLE_SECONDS, TERMINATION_LOG, Result, Route, judge
 
 
 def _pod_facts() -> dict[str, str]:
@@ -136,7 +136,8 @@ def _http_key(target: str, patience: float = KEY_PATIENCE) -> tuple[bool, str]:
     if line.startswith("HTTP/1.1 200 "):
         return True, "accepted (a token count, nothing spent)"
     if line.startswith("HTTP/1.1 403 "):
-        return False, f"{KEY_REFUSED}: {_gateway_said(answer)}"
+        said = _gateway_said(answer)  # the gateway's words begin with KEY_REFUSED
+        return False, said if said.startswith(KEY_REFUSED) else f"{KEY_REFUSED}: {said}"
     return False, f"not accepted: {line}: {_gateway_said(answer)}"
 
 

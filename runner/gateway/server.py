@@ -37,7 +37,7 @@ import aiohttp
 from aiohttp import web
 
 from runner.gateway import policy
-from runner.gateway.tokens import KEY_PATH, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
+from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
 from runner.settings import GatewaySettings, ModelPrice
 
 log = logging.getLogger(__name__)
@@ -450,8 +450,9 @@ class Gateway:
         except (ValueError, KeyError, TypeError):
             text = raw[:300].decode(errors="replace")
         log.warning("the provider answered the key check with %s: %s", status, text)
-        refused = " refused the gateway's key" if status in (401, 403) else " answered a token count"
-        return status, f"the provider at {self.upstream}{refused} (HTTP {status}): {text}"
+        if status in (401, 403):
+            return status, f"{KEY_REFUSED} (HTTP {status} from {self.upstream}): {text}"
+        return status, f"the provider at {self.upstream} answered a token count with HTTP {status}: {text}"
 
     def _room(self, claims: Claims) -> bool:
         with self._lock:

@@ -24,6 +24,7 @@ PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issue
 LIMIT_SPENT = "the session's spend limit is reached at the gateway"
 KEY_PATH = "/probe-runner/key"  # GET: whether the provider accepts the gateway's key (server.py), the canary's route
 STOPPING = "this gateway pod is stopping: ask again"  # its 503 to a key check (a rollout's old pod)
+KEY_REFUSED = "the provider refused the key"  # how its 403 to a key check begins (the canary's result too)
 
 
 def limit_spent(result: dict[str, Any]) -> bool:

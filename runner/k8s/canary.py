@@ -35,6 +35,8 @@ import json
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
+from runner.gateway.tokens import KEY_REFUSED  # the standard library alone: the canary pod runs this
+
 TERMINATION_LOG = "/dev/termination-log"
 CONNECT_TIMEOUT = 4.0  # seconds per try; the routes run in parallel
 SETTLE_SECONDS = 30.0  # longest wait for the pod's policy to be in force before measuring
@@ -44,7 +46,6 @@ OUTSIDE_V6 = "2001:4860:4860::8888"  # a public IPv6 address (a public resolver)
 
 
 KEY_ROUTE = "the provider gateway's key check (a token count)"
-KEY_REFUSED = "the provider refused the key"  # how the key check's result begins where it did
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from runner.settings import load_settings
 GATEWAY = canary.Result("the provider gateway", "10.0.0.1:8080", True, True, "answered HTTP/1.1 200")
 ACCEPTED = canary.Result(canary.KEY_ROUTE, "10.0.0.1:8080", True, True, "accepted (a token count, nothing spent)")
 REFUSED = canary.Result(canary.KEY_ROUTE, "10.0.0.1:8080", True, False,
-                        "the provider refused the key: the provider at https://p refused the gateway's key (HTTP 401)")
+                        "the provider refused the key (HTTP 401 from https://p): invalid x-api-key")
 UNREACHED = canary.Result(canary.KEY_ROUTE, "10.0.0.1:8080", True, False,
                           "not accepted: HTTP/1.1 502 Bad Gateway: the provider at https://p could not be reached")
 DNS_OPEN = canary.Result("cluster DNS", "10.0.0.10:53", False, True, "answered")
