@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from runner import layout, stream  # noqa: E402
+from runner.corpus import load_identifiers  # noqa: E402
 from runner.ledger import Ledger  # noqa: E402
 from runner.plan import Plan, parse_plan  # noqa: E402
 from runner.settings import usable_cpus  # noqa: E402
@@ -138,7 +139,7 @@ def worker_peaks(store: FileStore, plan: Plan, workers: int) -> list[int]:
     """Each pool process's peak RSS (MiB) after parsing every session as transform_campaign's
     pool does (the same initializer and task)."""
     keys = [layout.SessionKeys(CAMPAIGN, s.probe, s.name) for s in plan.sessions()]
-    with transform_run.parse_pool(store, plan, transform_run.load_identifiers(store, CAMPAIGN), workers) as pool:
+    with transform_run.parse_pool(store, plan, load_identifiers(store, CAMPAIGN), workers) as pool:
         list(pool.map(transform_run._worker_outcome, keys))
         return sorted(kib // 1024 for kib in dict(pool.map(_peak, [0.3] * workers * 2)).values())
 

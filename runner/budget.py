@@ -120,3 +120,22 @@ class Gate:
                 self.reserved += r - Decimal(start.get("reserved_usd") or 0)
                 self.spent += spent
             self._cond.notify_all()
+
+
+def realized_cost(stream_cost: Decimal | None, metered: dict[str, Any] | None) -> Decimal | None:
+    """What an attempt cost, as the run knows it: the larger of its stream's cost and the
+    gateway's meter (calls made with the session's token outside the CLI, and the answers of a
+    session the time limit cut before its result line, are in the meter alone); None where
+    neither is known (a session with no gateway, a credentials login, that ended without a result
+    line). The transcript's cost_cents and the budget's books both read it, so they agree."""
+    if metered is None:
+        return stream_cost
+    return max(stream_cost or Decimal(0), Decimal(metered["cost_usd"]))
+
+
+def settled_cost(stream_cost: Decimal | None, metered: dict[str, Any] | None) -> Decimal | None:
+    """What an attempt's reservation is settled at: its realized cost; None, so the whole
+    reservation, where that is not known or the gateway could not price a call."""
+    if metered is not None and metered.get("unpriced_models"):
+        return None
+    return realized_cost(stream_cost, metered)

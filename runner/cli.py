@@ -25,6 +25,7 @@ import click
 from runner import __version__, layout, logs
 from runner.budget import dollars
 from runner.errors import EXIT_CONFINEMENT, UserError
+from runner.executors import registry
 from runner.settings import Settings, load_settings
 from runner.store import StoreError
 
@@ -117,7 +118,7 @@ def cli(verbose: int) -> None:
 @cli.command(short_help="run a campaign to the end (continues one already started)")
 @plan_argument
 @corpus_option()
-@click.option("--executor", type=click.Choice(["local", "kubernetes"]), default="local",
+@click.option("--executor", type=click.Choice(registry.NAMES), default=registry.NAMES[0],
               help="where sessions run: local (under bwrap, the default) or kubernetes (one pod per session, "
                    "through $RUNNER_KUBE__KUBECONFIG or the current kubeconfig context)")
 @click.option("--produced", multiple=True, metavar="PATH",
@@ -139,7 +140,7 @@ def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: t
 def controller(settings: Settings, campaign: str, resume: tuple[str, ...]) -> int:
     """Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes
     pods, then the transform. Safe to restart: live pods are adopted, nothing repeats."""
-    from runner.campaign import fetch_corpus
+    from runner.corpus import fetch_corpus
 
     store, plan = stored_campaign(settings, campaign)
     if resume:
@@ -220,7 +221,7 @@ def print_report(store: Any, plan: Any, report: Any, again: str = "`probe-runner
 
 def stored_campaign(settings: Settings, campaign: str) -> tuple[Any, Any]:
     """The store and the campaign's plan as it was stored; a clear error when there is none."""
-    from runner.campaign import load_stored_plan
+    from runner.corpus import load_stored_plan
     from runner.store import open_store
 
     store = open_store(settings.store, settings)
@@ -278,7 +279,7 @@ def watch_live(st: dict, read: Callable[[], dict], interval: float) -> dict:
     from rich.console import Console
     from rich.live import Live
 
-    from runner.ledger import timestamp
+    from runner.clock import timestamp
     from runner.live import Board, board_view
 
     def board(st: dict) -> Board:
@@ -468,7 +469,7 @@ def submit(settings: Settings, plan: Path, corpus: Path, watch: bool, interval: 
     transform. Submitting the same campaign again changes nothing. Needs the Helm chart
     installed as $RUNNER_KUBE__INSTANCE: its settings (bucket, images, resources) are what the
     Job runs with and where the plan goes."""
-    from runner.campaign import store_corpus, store_plan
+    from runner.corpus import store_corpus, store_plan
     from runner.k8s import jobs
     from runner.k8s.api import Kube
     from runner.plan import load_plan

@@ -21,9 +21,9 @@ import json
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 
 from runner import digest, layout
+from runner.clock import now
 from runner.errors import UserError
 from runner.store import AlreadyExists, NotFound, Store
 
@@ -36,15 +36,6 @@ RESUMABLE = ("failed", "interrupted")
 
 class LedgerError(UserError):
     """A rejected append, or a chain that does not verify."""
-
-
-def now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def timestamp(at: str) -> float:
-    """The POSIX time of a stamp ``now()`` wrote (an entry's ``at``)."""
-    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
 
 
 def canonical(entry: dict) -> bytes:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import layout
-from runner.campaign import Remedies, RunReport, run_sessions
+from runner.campaign import RunReport, run_sessions
+from runner.clock import now
 from runner.errors import ConfinementError, KeyRefused, UserError
-from runner.executors.base import Executor
-from runner.ledger import Ledger, now, sessions_digest
+from runner.executors.registry import make_executor
+from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
 from runner.settings import Settings
 from runner.store import Store, open_store
@@ -35,18 +36,6 @@ def campaign_lock(settings: Settings, campaign: str) -> Iterator[None]:
         except BlockingIOError:
             raise UserError(f"campaign {campaign!r} is being run by another process on this host (lock {path})") from None
         yield
-
-
-def make_executor(name: str, settings: Settings) -> Executor:
-    """``local`` (bwrap on this host) or ``kubernetes`` (a pod per session)."""
-    if name == "kubernetes":
-        from runner.executors.kubernetes import KubernetesExecutor
-        from runner.k8s.api import Kube
-
-        return KubernetesExecutor(settings, Kube(settings.kube))
-    from runner.executors.local import LocalExecutor
-
-    return LocalExecutor(settings)
 
 
 def mark_run(store: Store, campaign: str, by: str) -> None:
@@ -79,7 +68,7 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
                                   produced or [], resume=resume, backoff=backoff, budget=settings.budget)
         except UserError as e:  # refused before a session ran (the first confinement or key check, a bad input):
             # final for a Job too, so a watch must end on it, with what to do (the monitor's words end on the fix)
-            why = f"{e}, then {Remedies(plan.campaign, runner.name).again}" if runner.name == "kubernetes" and isinstance(
+            why = f"{e}, then {runner.remedies(plan.campaign).again}" if runner.name == "kubernetes" and isinstance(
                 e, ConfinementError | KeyRefused) else str(e)
             record_stop(store, plan, why, e.exit_code,
                         sessions_digest(Ledger(store, plan.campaign).sessions(), [x.key for x in plan.sessions()]))

@@ -38,8 +38,9 @@ import struct
 import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
+
+from runner.clock import now  # the standard library alone, as everything here
 
 SOCKET_NAME = "stdout.sock"
 STREAM_NAME = "stream.jsonl"
@@ -52,10 +53,6 @@ OPEN_NETWORK_EXIT = 126  # the pod's network policy was not in force: refused be
 GAVE_UP_EXIT = 3  # the reader's deadline passed: no controller finished with the pod
 _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -97,7 +94,7 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
         conn.close()
     server.close()
     path.unlink(missing_ok=True)
-    started = _now()
+    started = now()
     sha, size = hashlib.sha256(), 0
     # Unbuffered: every chunk is in the file as it arrives, for the controller to follow while
     # the session runs (a pod evicted mid-session then loses at most the last poll's worth).
@@ -111,7 +108,7 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
         out.flush()
         os.fsync(out.fileno())
     record = {"bytes": size, "sha256": "sha256:" + sha.hexdigest(), "eof": True, "peer_uid": uid,
-              "refused_peers": refused, "started_at": started, "ended_at": _now()}
+              "refused_peers": refused, "started_at": started, "ended_at": now()}
     _write_atomic(capture_dir / RECORD_NAME, json.dumps(record, sort_keys=True).encode())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:

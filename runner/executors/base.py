@@ -1,8 +1,8 @@
 """The one contract the campaign runs sessions through. LocalExecutor (bwrap on this host,
 runner/executors/local.py) and KubernetesExecutor (a pod per session,
-runner/executors/kubernetes.py) implement it side by side; the campaign calls these six hooks
+runner/executors/kubernetes.py) implement it side by side; the campaign calls these hooks
 and nothing else, in this order: preflight, prepare, then per session run and finish (halted
-between sessions), close at the end."""
+between sessions), close at the end; a stop's words come from remedies."""
 
 from __future__ import annotations
 
@@ -31,6 +31,20 @@ class Halt:
 
     why: str
     key: bool = False
+
+
+@dataclass(frozen=True)
+class Remedies:
+    """How a campaign is run again, in the words of the executor it runs on (each builds its
+    own: a run on this host is `run` again; a submitted one a new controller Job or a resume Job)."""
+
+    campaign: str
+    again: str       # how the sessions not started are started
+    resume_how: str  # the flag that runs `ledger resume` where the campaign runs
+    fix_key: str     # what to do about a key the provider refuses
+
+    def resume(self, *sessions: str) -> str:
+        return f"`probe-runner ledger resume {self.campaign} {' '.join(sessions)} {self.resume_how}`"
 
 
 class CaptureRecord(TypedDict):
@@ -137,6 +151,9 @@ class Executor(Protocol):
     name: str          # "local" or "kubernetes": the capture record's ``executor``
     confinement: str   # the transcript's confinement prose for sessions it ran
     waiting_room: int  # sessions that may wait to start beside the running ones, holding no slot (Slots)
+
+    def remedies(self, campaign: str) -> Remedies:
+        """How ``campaign``, run here, is run again: the words of every stop's remedy."""
 
     def preflight(self) -> None:
         """Refuse, before anything is journaled or spent, a place where a session cannot be

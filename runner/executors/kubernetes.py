@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from runner import digest, layout
+from runner.clock import now
 from runner.entrypoints.pod import (
     OPEN_NETWORK_EXIT,
     PACKED_NAME,
@@ -43,18 +44,17 @@ from runner.entrypoints.pod import (
     record_argv,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import CaptureRecord, Halt, Live, Slot
+from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
 from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
-from runner.k8s import manifests, names, podstate
+from runner.k8s import jobs, manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, QuotaExceeded
 from runner.k8s.confinement import ConfinementMonitor
-from runner.k8s.manifests import WORKSPACE
 from runner.k8s.podcache import PodCache
 from runner.layout import SessionKeys
-from runner.ledger import now
 from runner.plan import Plan, Probe
+from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
 from runner.store import Store
@@ -75,6 +75,14 @@ ROUTE_PROSE = {
 }
 START_ATTEMPTS = 3
 _RECORD_WAIT_SECONDS = 60.0
+
+
+def kubernetes_remedies(campaign: str) -> Remedies:
+    """A submitted campaign is run again by a new controller Job (its ended one deleted first:
+    a Job of that name exists) or the campaign's resume Job."""
+    again = (f"delete the campaign's ended controller Job (`kubectl delete job {jobs.job_name(campaign)}`) and "
+             "`probe-runner submit` it again")
+    return Remedies(campaign, again, "--job", "fix the key in the install's credentials Secret and restart its gateway")
 
 
 @dataclass
@@ -149,9 +157,14 @@ class KubernetesExecutor:
             self.monitor.start()
         return live
 
+    def remedies(self, campaign: str) -> Remedies:
+        return kubernetes_remedies(campaign)
+
     def halted(self) -> Halt | None:
         """Why no further session may start (a failed confinement check, or its key check), or None."""
-        return self.monitor.halted if self.monitor is not None else None
+        if self.monitor is None or self.monitor.halted is None:
+            return None
+        return Halt(self.monitor.halted, key=self.monitor.halted_on_key)
 
     def close(self) -> None:
         log.info("kubernetes: %s", self.kube.tally.summary() or "no requests")
@@ -227,7 +240,7 @@ class KubernetesExecutor:
             "stream": stream,
             "reader": record,
             "workspace": WORKSPACE,
-            "config_dir": manifests.CONFIG_DIR,
+            "config_dir": CONFIG_DIR,
             "host_skills": [],
             **artifacts,
             **({"gateway": metered} if metered is not None else {}),

@@ -5,7 +5,7 @@ read-only (with /bin, /lib and their siblings as the host has them), a private /
 and /tmp, the workspace read-write at /workspace, the harness binary read-only at a path of its
 own, the session's configuration directory read-write at /run/probe/config and the run's log
 directory read-write at /run/probe/log. The workspace and configuration paths are the session
-pod's (runner/k8s/manifests.py), so every session of either executor sees the same paths: what
+pod's (runner/sandbox.py), so every session of either executor sees the same paths: what
 a call returns (``pwd``, a path in a command's output, the harness's error messages that name
 its working directory) does not depend on where on the host the workspace was sealed, and the
 capture record names these in-sandbox paths. The host paths serve only the driver (collecting
@@ -56,22 +56,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import harness, hooks
+from runner.clock import now
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
-from runner.executors.base import CaptureRecord, Halt, Live, Slot
+from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.gateway.local import LocalGateway
-from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.layout import SessionKeys
-from runner.ledger import now
 from runner.plan import Plan, Probe
+from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
 from runner.store import Store
 
 HARNESS_PATH = "/run/probe-harness/claude"  # the harness binary's own path inside the sandbox
-# WORKSPACE and CONFIG_DIR: the paths the session sees, the same for every session and both executors.
 LOG_DIR = "/run/probe/log"  # the log directory inside the sandbox (PROBE_LOG_DIR names it)
 _ROOT_SIBLINGS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _READ_CHUNK = 1 << 16
@@ -208,6 +207,11 @@ def harness_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+def local_remedies(campaign: str) -> Remedies:
+    """A campaign on this host is run again by `run` (or `ledger resume --corpus`)."""
+    return Remedies(campaign, "`probe-runner run` it again", "--corpus DIR", "fix the provider's key")
+
+
 @dataclass
 class LocalExecutor:
     settings: Settings
@@ -285,6 +289,9 @@ class LocalExecutor:
         elif key is not None:  # gateway.enabled false: the key itself, readable by the session
             env["ANTHROPIC_API_KEY"] = key.get_secret_value()
         return env
+
+    def remedies(self, campaign: str) -> Remedies:
+        return local_remedies(campaign)
 
     def halted(self) -> Halt | None:
         """bwrap's confinement is checked per session, before its harness runs (preflight too)."""

@@ -36,8 +36,7 @@ from decimal import Decimal
 from typing import Any
 
 from runner.errors import UserError
-from runner.gateway.local import check_upstream
-from runner.gateway.server import USAGE_FIELDS, Attempt, Gateway, GatewayThread
+from runner.gateway.server import USAGE_FIELDS, Attempt, Gateway, GatewayThread, check_upstream
 from runner.gateway.tokens import Claims
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import Conflict, Kube

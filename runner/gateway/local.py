@@ -4,33 +4,14 @@ each session a token of its attempt in place of the key."""
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlsplit
 
-from runner.errors import UserError
 from runner.gateway import tokens
-from runner.gateway.server import Gateway, GatewayThread
+from runner.gateway.server import Gateway, GatewayThread, check_upstream
 from runner.layout import SessionKeys
 from runner.settings import Settings
-
-
-def check_upstream(base_url: str) -> None:
-    """The key goes to the provider over TLS only; plain HTTP only to this host (the scripted
-    provider of the demo and the tests)."""
-    u = urlsplit(base_url)
-    if u.scheme == "https":
-        return
-    host = u.hostname or ""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if u.scheme != "http" or not loopback:
-        raise UserError(f"provider.base_url {base_url}: the gateway sends the key over https only (plain http only "
-                        "to a loopback address)")
 
 
 class LocalGateway:

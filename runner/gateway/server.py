@@ -23,6 +23,7 @@ answered in the Messages API's error shape, and its reason is logged with the at
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import ssl
@@ -32,10 +33,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
+from runner.errors import UserError
 from runner.gateway import policy
 from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
 from runner.settings import GatewaySettings, ModelPrice
@@ -205,6 +208,22 @@ def _error(status: int, kind: str, message: str) -> web.Response:
 
 
 Attempt = tuple[str, str, str, int]
+
+
+def check_upstream(base_url: str) -> None:
+    """The key goes to the provider over TLS only; plain HTTP only to this host (the scripted
+    provider of the demo and the tests)."""
+    u = urlsplit(base_url)
+    if u.scheme == "https":
+        return
+    host = u.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if u.scheme != "http" or not loopback:
+        raise UserError(f"provider.base_url {base_url}: the gateway sends the key over https only (plain http only "
+                        "to a loopback address)")
 
 
 class Gateway:

@@ -30,10 +30,9 @@ from urllib.parse import urlsplit
 from runner import harness
 from runner.k8s import names
 from runner.plan import Plan
+from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.settings import KubeSettings, Settings
 
-WORKSPACE = "/workspace"
-CONFIG_DIR = "/run/probe/config"
 SOCKET_DIR = "/run/probe/socket"
 CAPTURE_DIR = "/run/probe/capture"
 SECRET_DIR = "/run/probe/secret"

@@ -234,7 +234,7 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
 
 def corpus_identifiers(texts: Iterable[str], identifier: re.Pattern[str]) -> frozenset[str]:
     """The identifiers of a corpus: every token-bounded match of the plan's identifier pattern in
-    its files' paths and text, derived the same way for every probe (campaign.store_identifiers)."""
+    its files' paths and text, derived the same way for every probe (corpus.store_identifiers)."""
     bounded = token_bounded(identifier)
     return frozenset(m.group(0) for text in texts for m in bounded.finditer(text))
 

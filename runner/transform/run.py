@@ -23,10 +23,12 @@ from decimal import MAX_PREC, Decimal, localcontext
 from typing import Any
 
 from runner import digest, layout, stream
-from runner.campaign import load_identifiers, realized_cost
+from runner.budget import realized_cost
+from runner.clock import now
+from runner.corpus import load_identifiers
 from runner.errors import UserError
 from runner.harness import tool_names
-from runner.ledger import Ledger, SessionState, now, sessions_digest
+from runner.ledger import Ledger, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
 from runner.transform.events import SessionFacts, SessionOutcome, session_event

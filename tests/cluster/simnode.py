@@ -47,10 +47,10 @@ from pathlib import Path
 
 from kubernetes import client, watch
 
+from runner import sandbox
+from runner.clock import now as _reader_now
 from runner.entrypoints.pod import DELIVERED_NAME, RECORD_NAME, STREAM_NAME, _write_atomic
-from runner.entrypoints.pod import _now as _reader_now
 from runner.executors.elf import elf_loader
-from runner.k8s import manifests
 
 REPO = Path(__file__).resolve().parents[2]
 KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
@@ -65,9 +65,9 @@ def _now() -> str:
 def as_in_pod(stream: bytes) -> bytes:
     """A stream the real CLI wrote under the local executor (its configuration in
     /session/config), as the CLI writes it in a session pod: there its configuration is in
-    manifests.CONFIG_DIR, under which it names its memory path (the transform refuses one
+    sandbox.CONFIG_DIR, under which it names its memory path (the transform refuses one
     outside it)."""
-    return stream.replace(b"/session/config/", manifests.CONFIG_DIR.encode() + b"/")
+    return stream.replace(b"/session/config/", sandbox.CONFIG_DIR.encode() + b"/")
 
 
 @dataclass(frozen=True)

@@ -146,7 +146,7 @@ def test_demo_prints_where_the_transcripts_are(tmp_path, env):
 
 
 def test_a_started_session_is_never_rerun_until_recovered_and_resumed(tmp_path, env, scripted_provider):
-    from runner.campaign import store_plan
+    from runner.corpus import store_plan
     from runner.ledger import Ledger
     from runner.plan import load_plan
     from runner.store.file import FileStore

@@ -317,7 +317,7 @@ def test_a_run_s_gateway_stops_even_with_a_call_still_open(upstream):
 
 def test_the_gateway_holds_the_key_over_tls_only():
     from runner.errors import UserError
-    from runner.gateway.local import check_upstream
+    from runner.gateway.server import check_upstream
 
     check_upstream("https://api.anthropic.com")
     check_upstream("http://127.0.0.1:8080")

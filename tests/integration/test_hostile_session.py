@@ -25,8 +25,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 from wire import RecordingUpstream  # tests/ is on the path (tests/conftest.py)
 
-from runner.budget import books
-from runner.campaign import realized_cost
+from runner.budget import books, realized_cost
 from runner.demo import CORPUS, PLAN
 from runner.gateway import tokens
 from runner.gateway.server import Gateway, GatewayThread, Meter

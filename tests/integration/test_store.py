@@ -213,7 +213,7 @@ def test_a_whole_campaign_runs_on_the_s3_store(moto_endpoint, tmp_path, claude_c
     with urllib.request.urlopen(links[0], timeout=10) as r:
         assert r.read() == store.get(f"campaigns/{campaign}/sessions/HW-PRB-0007/present-001/stream.jsonl")
     # The transform's pool rebuilds the S3 store in each spawned process (its client does not pickle).
-    from runner.campaign import load_stored_plan
+    from runner.corpus import load_stored_plan
     from runner.transform import run as transform_run
 
     plan = load_stored_plan(store, campaign)

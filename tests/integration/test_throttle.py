@@ -13,7 +13,8 @@ import subprocess
 import sys
 
 from runner import demo
-from runner.ledger import Ledger, timestamp
+from runner.clock import timestamp
+from runner.ledger import Ledger
 from runner.store import open_store
 
 SCENARIO = {"scenarios": [{"name": "throttled", "turns": [

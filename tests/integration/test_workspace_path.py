@@ -20,8 +20,8 @@ from pydantic import SecretStr
 
 from runner import layout
 from runner.demo.provider import ScriptedProvider
-from runner.k8s.manifests import CONFIG_DIR, WORKSPACE
 from runner.plan import parse_plan
+from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.settings import Settings
 from runner.store.file import FileStore
 from runner.transform.run import run_transform

@@ -94,7 +94,7 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
 
 ONE_PROCESS_TRANSFORM = """
 import json, sys
-from runner.campaign import load_stored_plan
+from runner.corpus import load_stored_plan
 from runner.settings import load_settings
 from runner.store import open_store
 from runner.transform.run import transform_campaign

@@ -270,7 +270,7 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
     (its entry point finds the API server reachable before the CLI starts; had the CLI started,
     the transform would refuse it for the failed check that overlapped it)."""
     from runner import demo, layout
-    from runner.campaign import load_stored_plan
+    from runner.corpus import load_stored_plan
     from runner.ledger import Ledger
     from runner.status import campaign_status
     from runner.store import open_store

@@ -120,7 +120,7 @@ def test_an_attempt_settles_at_the_gateways_meter_where_it_is_more():
     spent with its token outside the CLI gave that money back to the campaign. The books now
     settle at the larger of the stream's cost and the gateway's meter, and at the whole
     reservation where the gateway could not price a call."""
-    from runner.campaign import settled_cost
+    from runner.budget import settled_cost
 
     assert settled_cost(D("0.0096"), None) == D("0.0096")  # no gateway (Kubernetes today)
     assert settled_cost(D("0.0096"), {"cost_usd": "0.6396", "unpriced_models": []}) == D("0.6396")

@@ -15,7 +15,9 @@ from pathlib import Path
 
 from runner import demo
 from runner.campaign import run_sessions
-from runner.ledger import Ledger, now
+from runner.clock import now
+from runner.executors.local import local_remedies
+from runner.ledger import Ledger
 from runner.plan import parse_plan
 from runner.settings import BudgetSettings
 from runner.store.file import FileStore
@@ -43,6 +45,9 @@ class AsideExecutor:
 
     def halted(self):
         return None
+
+    def remedies(self, campaign):
+        return local_remedies(campaign)
 
     def finish(self, keys) -> None: ...
 
@@ -88,11 +93,13 @@ def test_a_session_waiting_for_money_holds_no_slot_a_stepped_aside_one_needs(tmp
 def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     """Issue 29: "the halt messages say `probe-runner run` again, a local verb, for a submitted
     campaign ... word every remedy for the executor the campaign runs on"."""
-    from runner.campaign import Remedies, RunReport
+    from runner.campaign import RunReport
+    from runner.executors.kubernetes import kubernetes_remedies
+    from runner.executors.local import local_remedies
     from runner.k8s.jobs import job_name
 
     job = job_name("c1")
-    cluster, local = Remedies("c1", "kubernetes"), Remedies("c1", "local")
+    cluster, local = kubernetes_remedies("c1"), local_remedies("c1")
     assert cluster.again == f"delete the campaign's ended controller Job (`kubectl delete job {job}`) and " \
                             "`probe-runner submit` it again"
     assert cluster.resume("P/s-001", "P/s-002") == "`probe-runner ledger resume c1 P/s-001 P/s-002 --job`"

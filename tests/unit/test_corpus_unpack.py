@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from runner import campaign
+from runner import corpus as inputs
 from runner.errors import UserError
 
 
@@ -42,7 +42,7 @@ def interpreter(request, monkeypatch):
 def test_a_corpus_with_files_dirs_and_inner_links_unpacks(interpreter, tmp_path):
     data = _archive(("dir", "docs", ""), ("file", "docs/a.md", "A"), ("sym", "docs/b.md", "a.md"),
                     ("sym", "latest", "docs"))
-    campaign._unpack(data, tmp_path / "c")
+    inputs._unpack(data, tmp_path / "c")
     assert (tmp_path / "c" / "docs" / "b.md").read_text() == "A"
     assert (tmp_path / "c" / "latest" / "a.md").read_text() == "A"
 
@@ -57,11 +57,11 @@ def test_a_corpus_with_files_dirs_and_inner_links_unpacks(interpreter, tmp_path)
 def test_a_member_that_would_land_outside_is_refused(interpreter, tmp_path, members):
     if members[0][1].startswith("/") and interpreter == "with data_filter":
         # The standard filter strips the leading "/": the member lands inside, which is as safe.
-        campaign._unpack(_archive(*members), tmp_path / "c")
+        inputs._unpack(_archive(*members), tmp_path / "c")
         assert (tmp_path / "c" / "etc" / "outside").read_text() == "x"
         return
     with pytest.raises((UserError, tarfile.FilterError)):
-        campaign._unpack(_archive(*members), tmp_path / "c")
+        inputs._unpack(_archive(*members), tmp_path / "c")
     assert not (tmp_path / "outside").exists()
 
 
@@ -83,10 +83,10 @@ def test_the_corpus_archive_is_the_same_bytes_on_every_submit_and_a_resubmit_pri
     for at, name in ((1_000_000_000.0, "one"), (1_900_000_000.0, "two")):
         monkeypatch.setattr(time, "time", lambda at=at: at)
         store = FileStore(tmp_path / name)
-        digests.append(campaign.store_corpus(store, "c", corpus))
+        digests.append(inputs.store_corpus(store, "c", corpus))
         assert digests[-1] == digest.of_bytes(store.get(layout.corpus_key("c")))
     assert digests[0] == digests[1]
     older = FileStore(tmp_path / "older")
     stored = gzip.compress(gzip.decompress(FileStore(tmp_path / "one").get(layout.corpus_key("c"))), mtime=12345)
     older.put(layout.corpus_key("c"), stored, create_only=True)
-    assert campaign.store_corpus(older, "c", corpus) == digest.of_bytes(stored) != digests[0]
+    assert inputs.store_corpus(older, "c", corpus) == digest.of_bytes(stored) != digests[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runner import sandbox
 from runner.k8s import egress, manifests
 from runner.settings import KubeSettings
 
@@ -116,7 +117,7 @@ def test_harness_image_has_the_pinned_cli_python3_and_the_runner_package():
     # wrapper the image puts first on that PATH must run the venv's interpreter.
     assert manifests.POD_MODULE[0] == "python3"
     assert any("/usr/local/bin/python3" in r and "exec /opt/runner/bin/python3" in r for r in final.all("RUN"))
-    assert final.all("WORKDIR") == [manifests.WORKSPACE]
+    assert final.all("WORKDIR") == [sandbox.WORKSPACE]
     # Non-dumpable processes (runner/entrypoints/pod.py refuses a readable loader): the loader is made
     # execute-only, after every step that runs as root and before the harness user.
     runs = final.all("RUN")

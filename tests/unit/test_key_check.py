@@ -73,4 +73,4 @@ def test_a_later_check_halts_with_whose_matter_it_is(later, key):
             time.sleep(0.02)
     finally:
         m.stop()
-    assert m.halted.key is key and m.halted.why.startswith("confinement check 2 at "), m.halted
+    assert m.halted_on_key is key and m.halted.startswith("confinement check 2 at "), m.halted

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from runner import digest, layout
-from runner.ledger import GENESIS, Ledger, LedgerError, canonical, now, sessions_digest, timestamp
+from runner.clock import now, timestamp
+from runner.ledger import GENESIS, Ledger, LedgerError, canonical, sessions_digest
 from runner.store.file import FileStore
 
 DECL = {"probe": "p1", "arm": "present", "repetition": 1}

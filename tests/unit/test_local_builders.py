@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
+from runner import sandbox
 from runner.executors.local import HARNESS_PATH, bwrap_args, harness_argv, harness_env, pid1_script
-from runner.k8s import manifests
 from runner.plan import parse_plan
 from runner.settings import HarnessSettings, ProviderSettings, Settings
 
@@ -58,9 +58,9 @@ def test_every_session_sees_the_same_paths_as_in_the_session_pod():
     a = inside("/work/c/p/present-001.1/workspace", "/work/c/p/present-001.1/config", "/work/c/p/present-001.1/log")
     b = inside("/work/c/p/present-002.1/workspace", "/work/c/p/present-002.1/config", "/work/c/p/present-002.1/log")
     assert [x for x in a if "present-001" not in x] == [x for x in b if "present-002" not in x]
-    assert a[a.index("--chdir") + 1] == manifests.WORKSPACE
+    assert a[a.index("--chdir") + 1] == sandbox.WORKSPACE
     targets = [a[i + 2] for i, x in enumerate(a) if x == "--bind"]
-    assert targets == [manifests.WORKSPACE, "/run/probe/log", manifests.CONFIG_DIR]
+    assert targets == [sandbox.WORKSPACE, "/run/probe/log", sandbox.CONFIG_DIR]
     assert "/run" not in a  # the mount points are made in bwrap's own root, not bound from the host
 
 
@@ -104,7 +104,7 @@ def test_harness_env_closed_set_and_base_url(monkeypatch):
     env = harness_env(s)
     assert set(env) == EXPECTED_KEYS
     assert env["ANTHROPIC_BASE_URL"] == "https://proxy.example:8443"
-    assert env["HOME"] == env["CLAUDE_CONFIG_DIR"] == "/run/probe/config" == manifests.CONFIG_DIR
+    assert env["HOME"] == env["CLAUDE_CONFIG_DIR"] == "/run/probe/config" == sandbox.CONFIG_DIR
     assert env["PROBE_LOG_DIR"] == "/run/probe/log"
     assert "leak" not in env.values()
 
