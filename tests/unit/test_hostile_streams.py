@@ -11,8 +11,8 @@ import hashlib
 import io
 import json
 import re
-import time
-import tracemalloc
+import subprocess
+import sys
 
 import fuzz_targets
 
@@ -67,19 +67,40 @@ def test_a_100_mb_line_is_read_in_linear_time_holding_about_one_line(tmp_path):
         f.write(b'"}]}}\n' + line(RESULT))
     size = path.stat().st_size
     assert size > 100 * 10**6
-    start = time.monotonic()
-    tracemalloc.start()
-    try:
-        with open(path, "rb") as f:
-            parsed = stream.parse(f)
-        kept, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert time.monotonic() - start < 30
-    assert parsed.problems == []
-    assert parsed.results["t1"].digest == "sha256:" + sha.hexdigest()
-    assert peak < 3.5 * size  # the line, its string and the string's UTF-8 (measured: 3.0)
-    assert kept < 0.01 * size  # and nothing of it once parsed (the parser before this test kept 1.0)
+    # The process's own memory, in a fresh interpreter (not tracemalloc's count of Python's
+    # allocations: a JSON library that allocates outside them would be invisible to it, or
+    # counted twice; issue 30 found the bound failing under a newer orjson while RSS was the same).
+    done = subprocess.run([sys.executable, "-c", PARSE_IN_A_FRESH_PROCESS, str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["seconds"] < 30
+    assert seen["problems"] == []
+    assert seen["digest"] == "sha256:" + sha.hexdigest()
+    assert seen["peak"] < 3.5 * size  # the line, its string and the string's UTF-8 (measured: 3.0)
+    # and nothing of it once parsed (the parser before this test kept 1.0; measured: 0.024, the
+    # modules the parse imported and the allocator's arenas)
+    assert seen["kept"] < 0.05 * size
+
+
+# Peak: the growth of the resident set's high-water mark over the parse; kept: the resident set
+# after it, over the one before it (the parsed stream alive).
+PARSE_IN_A_FRESH_PROCESS = """
+import json, os, resource, sys, time
+from runner import stream
+
+def resident():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+before, high = resident(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+start = time.monotonic()
+with open(sys.argv[1], "rb") as f:
+    parsed = stream.parse(f)
+seconds = time.monotonic() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - high
+print(json.dumps({"seconds": seconds, "problems": parsed.problems, "digest": parsed.results["t1"].digest,
+                  "peak": peak, "kept": resident() - before}))
+"""
 
 
 def test_a_100_mb_line_of_junk_that_ends_the_stream_is_truncation(tmp_path):
