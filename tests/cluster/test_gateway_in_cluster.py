@@ -201,7 +201,9 @@ def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_af
         gw = GatewayProcess(kube_cluster, namespace, provider.base_url, secret, "gateway-a", free_port())
         try:
             kube.delete_pod(pod, grace_seconds=0)
-            _wait("the refusal of an ended attempt", lambda: _request(gw.url, "POST", "/v1/messages", token, SIDE_BODY)[0] == 401)
+            # refused while the watch sees the pod being deleted, then as gone (the reason logged below)
+            _wait("the refusal of an ended attempt", lambda: b"has no session pod" in _request(
+                gw.url, "POST", "/v1/messages", token, SIDE_BODY)[1])
             # another campaign's token, a forged one and a path outside the allow-list, each with its reason
             assert _request(gw.url, "POST", "/v1/messages", _token(b"not-the-secret" * 3, campaign), SIDE_BODY)[0] == 401
             assert _request(gw.url, "GET", "/v1/files", token)[0] == 401  # the token first: the attempt has ended
