@@ -8,6 +8,7 @@ import threading
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from support.memstore import MemoryStore  # tests/ is on the path (tests/conftest.py)
 
 from runner.ledger import Ledger, LedgerError
 from runner.settings import S3Settings
@@ -18,10 +19,14 @@ from runner.store.s3 import S3Store, is_transient
 MIB = 1024 * 1024
 
 
-@pytest.fixture(params=["file", "s3"])
+@pytest.fixture(params=["file", "s3", "memory"])
 def store(request, tmp_path, moto_endpoint, monkeypatch):
+    """Every Store the suite holds to one contract: the two product backends, and a third, in
+    memory (tests/support/memstore.py), which shows the contract is the Store class."""
     if request.param == "file":
         return FileStore(tmp_path / "store")
+    if request.param == "memory":
+        return MemoryStore()
     return _s3_store(tmp_path, moto_endpoint, monkeypatch)
 
 
@@ -237,13 +242,24 @@ def test_writing_a_key_again_supersedes_what_a_dead_writer_left(store):
         assert store._uploads("runs/s/stream.jsonl") == []  # the dead writer's upload was aborted
 
 
+def test_a_dead_writers_bytes_are_kept_beside_its_key_and_a_second_salvage_finds_the_same(store):
+    """A killed runner's stream is not lost and never taken for whole (Store.salvage)."""
+    w = store.writer("s/stream.jsonl")
+    w.write(b"line 1\nline 2 cut")
+    w.abort()  # as a killed writer leaves it
+    kept = store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl")
+    assert kept is not None and (kept["key"], kept["bytes"]) == ("s/stream.incomplete.jsonl", 17)
+    assert store.get("s/stream.incomplete.jsonl") == b"line 1\nline 2 cut" and not store.exists("s/stream.jsonl")
+    assert store.salvage("s/stream.jsonl", "s/stream.incomplete.jsonl") == kept  # a crash mid-salvage: finished again
+
+
 def test_a_link_opens_the_object_with_no_credentials(store):
     """The report's links: a file URI, or on S3 a presigned GET that needs nothing else."""
     import urllib.request
 
     store.put("campaigns/c/sessions/p/s/stream.jsonl", b'{"type":"result"}\n')
     link = store.link("campaigns/c/sessions/p/s/stream.jsonl", 600)
-    assert link.startswith("file:///" if isinstance(store, FileStore) else "http://")
+    assert link.startswith({FileStore: "file:///", S3Store: "http://", MemoryStore: "data:"}[type(store)])
     with urllib.request.urlopen(link, timeout=10) as r:
         assert r.read() == b'{"type":"result"}\n'
     if isinstance(store, S3Store):
@@ -260,5 +276,7 @@ def test_an_artifact_write_that_fails_leaves_no_upload_and_no_spool(store, tmp_p
     if isinstance(store, S3Store):
         assert store._uploads("runs/s/artifacts/big.bin") == []
         assert not any((tmp_path / "spool").rglob("part-*"))
+    elif isinstance(store, MemoryStore):
+        assert store.partial == {}
     else:
         assert not list((tmp_path / "store").rglob("*.partial"))

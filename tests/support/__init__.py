@@ -1,0 +1,1 @@
+"""What several test tiers share, outside the product package."""
