@@ -402,3 +402,31 @@ def _deep_update(into: dict[str, Any], update: Mapping[str, Any]) -> None:
             _deep_update(into[key], value)
         else:
             into[key] = value
+
+
+def reference() -> str:
+    """The settings reference, docs/settings.md: every variable with its model's own words
+    (unit, meaning, default), so the document cannot drift from the code; a unit test holds the
+    file to it. `python -m runner.settings > docs/settings.md` writes it again."""
+    rows: list[str] = []
+
+    def walk(model: type[BaseModel], prefix: str, section: str) -> None:
+        for name, f in model.model_fields.items():
+            kind = f.annotation
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                walk(kind, f"{prefix}{name.upper()}__", f"{section}.{name}" if section else name)
+            else:
+                words = " ".join((f.description or "").split()).replace("|", "\\|")
+                rows.append(f"| `{prefix}{name.upper()}` | {section or '(top)'} | {words} |")
+
+    walk(Settings, "RUNNER_", "")
+    return ("# Settings reference\n\n"
+            "Generated from `runner/settings.py` (`python -m runner.settings > docs/settings.md`; a unit test\n"
+            "keeps this file equal to it). Every setting comes from the environment with the prefix `RUNNER_` and\n"
+            "`__` between nested names; the chart's settings ConfigMap sets them for the Jobs and the gateway,\n"
+            "and a command's flags override them. Lists and objects are JSON.\n\n"
+            "| variable | section | meaning, unit and default |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    print(reference(), end="")
