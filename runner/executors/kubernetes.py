@@ -50,13 +50,13 @@ from runner.gateway import tokens
 from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
 from runner.k8s import jobs, manifests, names, podstate
 from runner.k8s.api import ExecError, Kube, QuotaExceeded
-from runner.k8s.confinement import ConfinementMonitor
+from runner.k8s.confinement import ConfinementMonitor, fix_key
 from runner.k8s.podcache import PodCache
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
-from runner.settings import Settings
+from runner.settings import KubeSettings, Settings
 from runner.store import Store
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,12 @@ START_ATTEMPTS = 3
 _RECORD_WAIT_SECONDS = 60.0
 
 
-def kubernetes_remedies(campaign: str) -> Remedies:
+def kubernetes_remedies(campaign: str, kube: KubeSettings) -> Remedies:
     """A submitted campaign is run again by a new controller Job (its ended one deleted first:
     a Job of that name exists) or the campaign's resume Job."""
     again = (f"delete the campaign's ended controller Job (`kubectl delete job {jobs.job_name(campaign)}`) and "
              "`probe-runner submit` it again")
-    return Remedies(campaign, again, "--job", "fix the key in the install's credentials Secret and restart its gateway")
+    return Remedies(campaign, again, "--job", fix_key(kube))
 
 
 @dataclass
@@ -158,7 +158,7 @@ class KubernetesExecutor:
         return live
 
     def remedies(self, campaign: str) -> Remedies:
-        return kubernetes_remedies(campaign)
+        return kubernetes_remedies(campaign, self.settings.kube)
 
     def halted(self) -> Halt | None:
         """Why no further session may start (a failed confinement check, or its key check), or None."""

@@ -329,26 +329,26 @@ class Kube:
                                 f"{_api_message(e)}") from None
             raise
 
+    def _job(self, name: str) -> client.V1Job | None:
+        """Job ``name``, or None where there is none (or the identity may not read it)."""
+        try:
+            return self.call(self.batch.read_namespaced_job, name, self.namespace, _request_timeout=30)
+        except ApiException as e:
+            if e.status in (403, 404):
+                return None
+            raise
+
     def job_running(self, name: str) -> bool:
         """Whether Job ``name`` exists and has not ended (no Complete or Failed condition)."""
-        try:
-            job = self.call(self.batch.read_namespaced_job, name, self.namespace, _request_timeout=30)
-        except ApiException as e:
-            if e.status in (403, 404):  # none, or not this identity's to read
-                return False
-            raise
-        return not any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
+        job = self._job(name)
+        return job is not None and not any(c.type in ("Complete", "Failed") and c.status == "True"
+                                           for c in job.status.conditions or [])
 
     def job_command(self, name: str) -> list[str] | None:
         """The command of Job ``name``'s container, or None where there is no such Job (or the
-        identity may not read it)."""
-        try:
-            job = self.call(self.batch.read_namespaced_job, name, self.namespace, _request_timeout=30)
-        except ApiException as e:
-            if e.status in (403, 404):  # none, or not this identity's to read: nothing to compare
-                return None
-            raise
-        return list(job.spec.template.spec.containers[0].command or [])
+        identity may not read it): nothing to compare."""
+        job = self._job(name)
+        return None if job is None else list(job.spec.template.spec.containers[0].command or [])
 
     def namespace_exists(self) -> bool:
         try:

@@ -127,7 +127,7 @@ def key_refused(results: list[Result]) -> bool:
 def judge(results: list[Result]) -> str | None:
     """The first thing wrong with a canary's results, stated for a user, or None."""
     for r in results:
-        if r.name == KEY_ROUTE and key_refused([r]):
+        if key_refused([r]):
             return f"{r.detail} ({r.name})"
     for r in results:
         if r.must_open and not r.opened:

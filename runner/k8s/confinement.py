@@ -27,16 +27,17 @@ from runner.errors import ConfinementError, KeyRefused
 from runner.gateway import tokens
 from runner.k8s import canary, manifests, names, podstate, policy
 from runner.k8s.api import Kube
-from runner.settings import Settings
+from runner.settings import KubeSettings, Settings
 
 log = logging.getLogger(__name__)
 
 
-def fix_key(settings: Settings) -> str:
-    """What an operator does about a key the provider refuses, for this install."""
-    gateway = names.gateway_name(settings.kube.instance)
-    return (f"Fix the key in the install's credentials Secret (its key api-key) and restart the gateway "
-            f"(`kubectl -n {settings.kube.namespace} rollout restart deployment/{gateway}`)")
+def fix_key(kube: KubeSettings) -> str:
+    """What an operator does about a key the provider refuses, for this install: the monitor's
+    words, and every stop's on this executor (executors/kubernetes.py)."""
+    gateway = names.gateway_name(kube.instance)
+    return (f"fix the key in the install's credentials Secret (its key api-key) and restart the gateway "
+            f"(`kubectl -n {kube.namespace} rollout restart deployment/{gateway}`)")
 
 
 @dataclass
@@ -173,8 +174,9 @@ class ConfinementMonitor:
         """The first check, synchronously (refuses the campaign), then the periodic ones."""
         first = self.check()
         if first.key_refused:
+            fix = fix_key(self.settings.kube)
             raise KeyRefused(f"the key check before the first session: {first.problem}; no session was started. "
-                             f"{fix_key(self.settings)}")
+                             f"{fix[:1].upper()}{fix[1:]}")
         if not first.passed:
             raise ConfinementError(f"confinement check before the first session: {first.problem}; no session was "
                                    "started. Fix the cluster's network policy")

@@ -19,8 +19,12 @@ from runner.clock import now
 from runner.executors.local import local_remedies
 from runner.ledger import Ledger
 from runner.plan import parse_plan
-from runner.settings import BudgetSettings
+from runner.settings import BudgetSettings, KubeSettings
 from runner.store.file import FileStore
+
+# The install's remedy for a refused key (runner/k8s/confinement.py's fix_key), for team-a/pr
+FIX_KEY = ("fix the key in the install's credentials Secret (its key api-key) and restart the gateway "
+           "(`kubectl -n team-a rollout restart deployment/pr-gateway`)")
 
 STREAM = (Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl").read_bytes()  # $0.003
 
@@ -99,7 +103,7 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     from runner.k8s.jobs import job_name
 
     job = job_name("c1")
-    cluster, local = kubernetes_remedies("c1"), local_remedies("c1")
+    cluster, local = kubernetes_remedies("c1", KubeSettings(namespace="team-a", instance="pr")), local_remedies("c1")
     assert cluster.again == f"delete the campaign's ended controller Job (`kubectl delete job {job}`) and " \
                             "`probe-runner submit` it again"
     assert cluster.resume("P/s-001", "P/s-002") == "`probe-runner ledger resume c1 P/s-001 P/s-002 --job`"
@@ -107,15 +111,13 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     assert local.resume("P/s-001") == "`probe-runner ledger resume c1 P/s-001 --corpus DIR`"
     halted = RunReport(cluster, halted="the provider refused the key (HTTP 401)", refused=["P/s-001", "P/s-003"])
     assert halted.stopped() == (
-        "halted: the provider refused the key (HTTP 401); fix the key in the install's credentials Secret and restart "
-        "its gateway, then `probe-runner ledger resume c1 P/s-001 P/s-003 --job` runs again the sessions that failed on "
-        "it and starts those not started", 2)
+        f"halted: the provider refused the key (HTTP 401); {FIX_KEY}, then `probe-runner ledger resume c1 P/s-001 "
+        "P/s-003 --job` runs again the sessions that failed on it and starts those not started", 2)
     assert RunReport(local, halted="the key check refused it").stopped() == (
         "halted: the key check refused it; fix the provider's key, then `probe-runner run` it again", 2)
     assert RunReport(cluster, halted="the key check refused it").stopped() == (
-        "halted: the key check refused it; fix the key in the install's credentials Secret and restart its gateway, "
-        f"then delete the campaign's ended controller Job (`kubectl delete job {job}`) and `probe-runner submit` it "
-        "again", 2)
+        f"halted: the key check refused it; {FIX_KEY}, then delete the campaign's ended controller Job (`kubectl "
+        f"delete job {job}`) and `probe-runner submit` it again", 2)
     # The confinement monitor's halts: the key's is the key's remedy and exit 2, a route's exit 12.
     from runner.executors.base import Halt
 
