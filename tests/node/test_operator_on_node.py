@@ -1,6 +1,7 @@
-"""An operator's second day on the real node (issue 29's done-means): the README's section
-"Operating it on a cluster" played command for command, through bash, the real helm, kubectl and
-CLI, in the order an operator meets them, with each story ending where the README says it ends:
+"""An operator's second day on the real node (issue 29's done-means): the operator's manual
+(docs/operating.md, "Operating it on a cluster") played command for command, through bash, the
+real helm, kubectl and CLI, in the order an operator meets them, with each story ending where the
+manual says it ends:
 
 1. a wrong key in the install (the README's own placeholder ``sk-...``): ``helm test`` and
    ``doctor --cluster`` name it, a campaign submitted anyway stops before its first session
@@ -42,16 +43,17 @@ from runner.store import open_store
 
 pytestmark = pytest.mark.timeout(2400)
 README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATING = README.parent / "docs" / "operating.md"  # the README's operator section, moved there (issue 30, item 5)
 NS = "probe-runner"  # the README's namespace and release
 RIGHT_KEY = "demo-key"  # what the scripted provider accepts (conftest.serve_provider)
 SECOND_KEY = "sk-second-key"  # the key it accepts once the first lost its permission (story 3)
 
 
 def section_commands() -> list[str]:
-    """The shell commands of the README's operator section, in order, without their comments:
+    """The shell commands of the operator's manual, in order, without their comments:
     continuation lines joined, each once."""
-    text = README.read_text()
-    section = text.split("\n## Operating it on a cluster\n", 1)[1].split("\n## ", 1)[0]
+    text = OPERATING.read_text()
+    section = text.split("# Operating it on a cluster\n", 1)[1].split("\n## ", 1)[0]
     commands: list[str] = []
     for indent, body in re.findall(r"^( *)```sh\n(.*?)^\1```", section, flags=re.M | re.S):
         joined = "\n".join(line.removeprefix(indent) for line in body.splitlines()).replace("\\\n", " ")
@@ -88,7 +90,7 @@ class Operator:
     def find(self, prefix: str) -> str:
         """The command that is ``prefix``, else the one command that begins with it."""
         found = [c for c in self.commands if c == prefix] or [c for c in self.commands if c.startswith(prefix)]
-        assert len(found) == 1, f"the README's operator section has {len(found)} commands starting {prefix!r}: {found}"
+        assert len(found) == 1, f"docs/operating.md has {len(found)} commands starting {prefix!r}: {found}"
         return found[0]
 
     def run(self, prefix: str, subs: dict[str, str] | None = None, extra: str = "", timeout: float = 300,

@@ -161,7 +161,7 @@ def test_a_submitted_budget_is_the_controller_jobs_flags_and_the_controller_take
 def test_the_examples_of_a_store_do_not_name_the_campaigns_folder_again():
     """Issue 29: "the README's and the values' example s3://…/campaigns puts objects under
     campaigns/campaigns/<campaign>/". Every campaign lives under <store>/campaigns/<campaign>/,
-    so no example store the README, the chart's values or the plain manifests give ends in
+    so no example store the README and docs/, the chart's values or the plain manifests give ends in
     /campaigns."""
     import re
     from pathlib import Path
@@ -170,7 +170,7 @@ def test_the_examples_of_a_store_do_not_name_the_campaigns_folder_again():
 
     repo = Path(__file__).resolve().parents[2]
     assert layout.plan_key("c").startswith("campaigns/c/")
-    texts = {p: p.read_text() for p in [repo / "README.md", repo / "k8s" / "probe-runner.yaml",
+    texts = {p: p.read_text() for p in [repo / "README.md", *(repo / "docs").glob("*.md"), repo / "k8s" / "probe-runner.yaml",
                                         *(repo / "helm" / "probe-runner").rglob("*.yaml")]}
     stores = [(p.name, m) for p, t in texts.items() for m in re.findall(r"s3://[A-Za-z0-9.…/_-]+", t)]
     assert stores and not [s for s in stores if s[1].rstrip("/").endswith("/campaigns")], stores
