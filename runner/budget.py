@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only annotations name it: `dollars` stays cheap to import for the CLI
-    from runner.ledger import Ledger
+    from runner.ledger import Ledger, LedgerEntry, Money
 
 ZERO = Decimal(0)
 
@@ -44,7 +44,7 @@ class Books:
         return None if limit is None else limit - self.spent - self.reserved
 
 
-def _attempt(start: dict[str, Any], outcome: dict[str, Any] | None) -> tuple[Decimal, Decimal]:
+def _attempt(start: LedgerEntry, outcome: LedgerEntry | None) -> tuple[Decimal, Decimal]:
     """(still reserved, spent) of one started attempt: its start entry reserved ``reserved_usd``;
     an outcome settles it at ``cost_usd``, or at the whole reservation where it states none."""
     held = Decimal(start.get("reserved_usd") or 0)
@@ -102,7 +102,7 @@ class Gate:
         with self._cond:
             self.out += 1
 
-    def money(self) -> dict[str, str]:
+    def money(self) -> Money:
         """What a start entry journals of the budget it was made under."""
         return {"reserved_usd": str(self.reservation), "campaign_usd": str(self.budget)}
 

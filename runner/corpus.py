@@ -13,6 +13,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict
 
 from runner import digest, layout
 from runner.errors import UserError
@@ -99,12 +100,20 @@ def _corpus_texts(corpus: Path) -> Iterator[str]:
             yield p.read_bytes().decode("utf-8", "replace")
 
 
+class Identifiers(TypedDict):
+    """``identifiers.json`` (layout.identifiers_key), create-only beside the plan."""
+
+    identifier_pattern: str
+    identifiers: list[str]  # sorted
+
+
 def store_identifiers(store: Store, plan: Plan, corpus: Path) -> frozenset[str]:
     """The identifiers of the corpus the campaign runs over (every token-bounded match of the
     plan's identifier pattern in its paths and text), create-only beside the plan: the transform
     cites only these, the same set for every probe, and it reads no corpus to find them."""
     found = corpus_identifiers(_corpus_texts(corpus), plan.identifier_re)
-    data = json.dumps({"identifier_pattern": plan.identifier_pattern, "identifiers": sorted(found)}, indent=0).encode()
+    record: Identifiers = {"identifier_pattern": plan.identifier_pattern, "identifiers": sorted(found)}
+    data = json.dumps(record, indent=0).encode()
     try:
         store.put(layout.identifiers_key(plan.campaign), data, create_only=True)
     except AlreadyExists:
@@ -119,7 +128,8 @@ def load_identifiers(store: Store, campaign: str) -> frozenset[str]:
     if not store.exists(key):
         raise UserError(f"campaign {campaign!r} in {store.uri} has no {key}: `probe-runner run` writes it "
                         "from the corpus before the first session")
-    return frozenset(json.loads(store.get(key))["identifiers"])
+    record: Identifiers = json.loads(store.get(key))
+    return frozenset(record["identifiers"])
 
 
 def fetch_corpus(store: Store, campaign: str, dest: Path) -> Path:

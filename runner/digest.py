@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 _DIGEST_RE = re.compile(DIGEST_PATTERN)
@@ -24,7 +24,7 @@ def of_text(text: str) -> str:
     return of_bytes(text.encode("utf-8"))
 
 
-def of_stream(f: BinaryIO) -> tuple[str, int]:
+def of_stream(f: IO[bytes]) -> tuple[str, int]:
     """Digest and byte count of what ``f`` reads to its end, a chunk at a time."""
     h, size = hashlib.sha256(), 0
     while chunk := f.read(_CHUNK):

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any, NotRequired, TypedDict
 
 from runner import digest, layout
 from runner.clock import now
@@ -38,7 +39,55 @@ class LedgerError(UserError):
     """A rejected append, or a chain that does not verify."""
 
 
-def canonical(entry: dict) -> bytes:
+class Declaration(TypedDict):
+    """What an attempt is bound to (runner.campaign.declaration): an intent's ``declaration``;
+    a resumed attempt must present the same."""
+
+    probe: str
+    arm: str
+    repetition: int
+    plan: str    # digest of the plan's canonical JSON
+    corpus: str  # the corpus fingerprint
+
+
+class Money(TypedDict):
+    """The budget's reservation a start entry journals (runner.budget.Gate.money), in dollars as
+    decimal strings."""
+
+    reserved_usd: str
+    campaign_usd: str
+
+
+class LedgerEntry(TypedDict):
+    """One entry of the chain, ``ledger/<seq>.json``, as ``append`` is given it and as it is
+    stored (canonical JSON: sorted keys). Which keys an entry has follows its ``type``: every one
+    but a note names a session and attempt; an intent its declaration; a start the budget's
+    reservation (where a budget applies); an outcome its status and detail; a close its status.
+    ``at``, ``seq``, ``prev`` and ``hash`` are added by ``append``."""
+
+    type: str  # "intent", "start", "outcome", "close" or "note"
+    session: NotRequired[str]
+    attempt: NotRequired[int]
+    declaration: NotRequired[Declaration]
+    reserved_usd: NotRequired[str]
+    campaign_usd: NotRequired[str]
+    status: NotRequired[str]  # an outcome's (OUTCOMES) or a close's ("cancelled")
+    detail: NotRequired[dict[str, Any]]  # an outcome's: the executor's and the campaign's words (reason, stream, exit_code, cost_usd, ...)
+    text: NotRequired[str]  # a note's
+    at: NotRequired[str]
+    seq: NotRequired[int]
+    prev: NotRequired[str]
+    hash: NotRequired[str]
+
+
+class Head(TypedDict):
+    """``ledger-head.json``: the last entry an append wrote, anchored."""
+
+    seq: int
+    hash: str
+
+
+def canonical(entry: Mapping[str, object]) -> bytes:
     return json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -46,11 +95,11 @@ def canonical(entry: dict) -> bytes:
 class SessionState:
     key: str
     attempt: int = 0
-    declaration: dict | None = None
+    declaration: Declaration | None = None
     started: bool = False
     outcome: str | None = None
     closed: str | None = None  # "cancelled" after an interrupted attempt was closed
-    detail: dict = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)  # the last outcome's detail
 
     @property
     def status(self) -> str:
@@ -79,7 +128,7 @@ class Ledger:
         self.campaign = campaign
         self.prefix = layout.ledger_prefix(campaign)
         self.head_key = layout.ledger_head_key(campaign)
-        self.entries: list[dict] = []
+        self.entries: list[LedgerEntry] = []
         self._lock = threading.Lock()
         self.reload()
 
@@ -91,12 +140,12 @@ class Ledger:
         # Kept as entries are applied, so an append costs the same in a campaign of ten
         # sessions as in one of ten thousand (no rescan of the chain per append).
         self._states: dict[str, SessionState] = {}
-        self._first: dict[tuple, dict] = {}  # (type, session, attempt) -> the first such entry
+        self._first: dict[tuple[str, str | None, int | None], LedgerEntry] = {}  # (type, session, attempt) -> the first such entry
         for k in self.store.list(self.prefix):
             if k.endswith(".json"):
                 self._apply(json.loads(self.store.get(k)))
 
-    def _apply(self, e: dict) -> None:
+    def _apply(self, e: LedgerEntry) -> None:
         self.entries.append(e)
         if e["type"] != "note":
             self._first.setdefault((e["type"], e.get("session"), e.get("attempt")), e)
@@ -122,12 +171,12 @@ class Ledger:
         s = self._states.get(session)
         return replace(s) if s is not None else SessionState(session)
 
-    def entry(self, kind: str, session: str, attempt: int) -> dict | None:
+    def entry(self, kind: str, session: str, attempt: int) -> LedgerEntry | None:
         """The journaled ``kind`` entry (intent, start, outcome, close) of one attempt, or None."""
         return self._first.get((kind, session, attempt))
 
     # -- appends -------------------------------------------------------------------------
-    def _check(self, entry: dict) -> dict | None:
+    def _check(self, entry: LedgerEntry) -> LedgerEntry | None:
         """The existing identical entry (an exact retry), or None; raises on a bad transition."""
         body = {k: v for k, v in entry.items() if k not in ("at",)}
         e = self._first.get((entry["type"], entry.get("session"), entry.get("attempt"))) if entry["type"] != "note" else None
@@ -151,14 +200,16 @@ class Ledger:
             raise LedgerError(f"ledger: {kind} for {entry['session']} attempt {attempt} is not allowed while it is {s.status} (attempt {s.attempt})")
         return None
 
-    def append(self, entry: dict) -> dict:
+    def append(self, entry: LedgerEntry) -> LedgerEntry:
         with self._lock:
             while True:
                 existing = self._check(entry)
                 if existing is not None:
                     return existing
                 seq = len(self.entries)
-                full = {**entry, "at": entry.get("at") or now(), "seq": seq, "prev": self.entries[-1]["hash"] if self.entries else GENESIS}
+                full = entry.copy()
+                full["at"], full["seq"] = entry.get("at") or now(), seq
+                full["prev"] = self.entries[-1]["hash"] if self.entries else GENESIS
                 full["hash"] = digest.of_bytes(canonical(full))
                 try:
                     self.store.put(self._key(seq), canonical(full) + b"\n", create_only=True)
@@ -167,25 +218,29 @@ class Ledger:
                     continue
                 self._apply(full)
                 # a writer behind another may anchor an older head: verify then holds fewer entries, never a false alarm
-                self.store.put(self.head_key, canonical({"seq": seq, "hash": full["hash"]}) + b"\n")
+                head: Head = {"seq": seq, "hash": full["hash"]}
+                self.store.put(self.head_key, canonical(head) + b"\n")
                 return full
 
-    def intent(self, session: str, attempt: int, declaration: dict) -> dict:
+    def intent(self, session: str, attempt: int, declaration: Declaration) -> LedgerEntry:
         return self.append({"type": "intent", "session": session, "attempt": attempt, "declaration": declaration})
 
-    def start(self, session: str, attempt: int, money: dict[str, str] | None = None) -> dict:
+    def start(self, session: str, attempt: int, money: Money | None = None) -> LedgerEntry:
         """``money``: the budget's reservation for the attempt (runner/budget.py), journaled with it."""
-        return self.append({"type": "start", "session": session, "attempt": attempt, **(money or {})})
+        entry: LedgerEntry = {"type": "start", "session": session, "attempt": attempt}
+        if money:
+            entry["reserved_usd"], entry["campaign_usd"] = money["reserved_usd"], money["campaign_usd"]
+        return self.append(entry)
 
-    def outcome(self, session: str, attempt: int, status: str, detail: dict | None = None) -> dict:
+    def outcome(self, session: str, attempt: int, status: str, detail: dict[str, Any] | None = None) -> LedgerEntry:
         if status not in OUTCOMES:
             raise LedgerError(f"ledger: unknown outcome {status!r}")
         return self.append({"type": "outcome", "session": session, "attempt": attempt, "status": status, "detail": detail or {}})
 
-    def close(self, session: str, attempt: int) -> dict:
+    def close(self, session: str, attempt: int) -> LedgerEntry:
         return self.append({"type": "close", "session": session, "attempt": attempt, "status": "cancelled"})
 
-    def recover(self) -> list[tuple[str, int, dict]]:
+    def recover(self) -> list[tuple[str, int, dict[str, Any]]]:
         """Mark every started session with no outcome interrupted; nothing runs or stops.
 
         The detail of each interrupted outcome says what its stream left: a stream committed
@@ -202,7 +257,7 @@ class Ledger:
                 marked.append((session, st.attempt, detail))
         return marked
 
-    def _stream_left(self, session: str, attempt: int) -> dict:
+    def _stream_left(self, session: str, attempt: int) -> dict[str, Any]:
         probe, name = session.split("/", 1)
         keys = layout.SessionKeys(self.campaign, probe, name, attempt)
         kept = self.store.salvage(keys.stream, keys.partial_stream)

@@ -8,13 +8,18 @@ arrive and verified (byte count and sha256) when they are committed.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from runner.errors import UserError
-from runner.store.base import AlreadyExists, NotFound, Store, StoreError, StreamWriter
+from runner.store.base import AlreadyExists, Described, NotFound, Salvaged, Store, StoreError, StreamWriter
 
-__all__ = ["AlreadyExists", "NotFound", "Store", "StoreError", "StreamWriter", "open_store"]
+if TYPE_CHECKING:
+    from runner.settings import Settings
+
+__all__ = ["AlreadyExists", "Described", "NotFound", "Salvaged", "Store", "StoreError", "StreamWriter", "open_store"]
 
 
-def open_store(uri: str, settings=None) -> Store:
+def open_store(uri: str, settings: Settings | None = None) -> Store:
     """The store a URI names: ``file:///abs/dir`` or ``s3://bucket/prefix``."""
     if uri.startswith("file://"):
         from runner.store.file import FileStore

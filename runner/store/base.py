@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import IO
+from types import TracebackType
+from typing import IO, TypedDict
 
 from runner import digest
 
@@ -20,6 +21,22 @@ class NotFound(StoreError):
 
 class AlreadyExists(StoreError):
     """A create-only write lost: the key exists."""
+
+
+class Described(TypedDict):
+    """A stored object as :meth:`Store.describe` reads it back (journaled in ledger details and
+    capture records: the stream a session left)."""
+
+    key: str
+    bytes: int
+    sha256: str  # "sha256:" + 64 hex (runner.digest)
+
+
+class Salvaged(Described):
+    """What :meth:`Store.salvage` kept of a dead writer's object: the object under its new key,
+    and what it was kept from (the backend's words)."""
+
+    kept_from: str
 
 
 class StreamWriter(ABC):
@@ -53,7 +70,8 @@ class StreamWriter(ABC):
     def __enter__(self) -> StreamWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if exc_type is not None:
             self.abort()
 
@@ -92,7 +110,7 @@ class Store(ABC):
         backend can only lend access for a while (the campaign report's links)."""
 
     @abstractmethod
-    def salvage(self, key: str, dest: str) -> dict | None:
+    def salvage(self, key: str, dest: str) -> Salvaged | None:
         """Keep under ``dest`` (create-only) what an uncommitted writer of ``key`` had accepted
         before its process died, and describe it (:meth:`describe`); None when it left nothing
         or committed ``key`` after all.
@@ -102,7 +120,7 @@ class Store(ABC):
         part-way: it finishes the same salvage.
         """
 
-    def describe(self, key: str) -> dict:
+    def describe(self, key: str) -> Described:
         """Key, byte count and sha256 of a stored object, read back from the store."""
         with self.open(key) as f:
             sha, size = digest.of_stream(f)

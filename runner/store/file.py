@@ -17,7 +17,7 @@ from typing import IO
 from urllib.parse import unquote, urlparse
 
 from runner.errors import UserError
-from runner.store.base import AlreadyExists, NotFound, Store, StoreError, StreamWriter
+from runner.store.base import AlreadyExists, NotFound, Salvaged, Store, StoreError, StreamWriter
 
 
 def _fsync_dir(path: Path) -> None:
@@ -107,7 +107,7 @@ class FileStore(Store):
     def link(self, key: str, seconds: int) -> str:
         return self._path(key).as_uri()
 
-    def salvage(self, key: str, dest: str) -> dict | None:
+    def salvage(self, key: str, dest: str) -> Salvaged | None:
         """The writer's ``<key>.partial`` becomes ``dest`` by a hard link, then goes: no byte is
         copied, and a crash in between leaves both names on the same file for the next call."""
         final, target = self._path(key), self._path(dest)

@@ -14,15 +14,17 @@ another key.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, ParamSpec, TypedDict, TypeVar, cast
 from urllib.parse import urlparse
 
 import boto3
@@ -32,9 +34,31 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from runner.errors import UserError
 from runner.retry import RetryPolicy
-from runner.store.base import AlreadyExists, NotFound, Store, StoreError, StreamWriter
+from runner.store.base import AlreadyExists, NotFound, Salvaged, Store, StoreError, StreamWriter
+
+if TYPE_CHECKING:
+    # boto3-stubs[s3] (the test extras): the client's calls and answers as TypedDicts
+    from botocore.response import StreamingBody
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef, PartTypeDef, UploadPartOutputTypeDef
+
+    from runner.settings import S3Settings, Settings
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _IfAbsent(TypedDict, total=False):
+    """A create-only write's condition (``If-None-Match: *``), or none."""
+
+    IfNoneMatch: str
+
+
+class _SalvageBegun(TypedDict):
+    """``salvage.json`` in a key's spool: how many uploaded parts the salvage's first step kept."""
+
+    parts: int
 
 _THROTTLING = {"Throttling", "ThrottlingException", "SlowDown", "RequestLimitExceeded", "TooManyRequests",
                "RequestTimeout", "InternalError", "ServiceUnavailable"}
@@ -52,7 +76,7 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def _client(s3_settings):
+def _client(s3_settings: S3Settings) -> S3Client:
     return boto3.client(
         "s3", endpoint_url=s3_settings.endpoint_url, region_name=s3_settings.region,
         # total_max_attempts counts the first try; botocore's max_attempts would still allow one retry;
@@ -63,7 +87,8 @@ def _client(s3_settings):
 
 
 class S3Store(Store):
-    def __init__(self, bucket: str, prefix: str, s3_settings, client=None, spool_dir: Path | None = None):
+    def __init__(self, bucket: str, prefix: str, s3_settings: S3Settings, client: S3Client | None = None,
+                 spool_dir: Path | None = None):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.settings = s3_settings
@@ -72,18 +97,18 @@ class S3Store(Store):
         self.uri = f"s3://{bucket}/{self.prefix}".rstrip("/")
         self.client = client or _client(s3_settings)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, object]:
         """What a spawned process (the transform's pool) rebuilds this store from: no client,
         which does not pickle; it makes its own from the settings (a client given to the
         constructor stays in this process)."""
         return {k: v for k, v in self.__dict__.items() if k != "client"}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
         self.client = _client(self.settings)
 
     @classmethod
-    def from_uri(cls, uri: str, settings=None) -> S3Store:
+    def from_uri(cls, uri: str, settings: Settings | None = None) -> S3Store:
         from runner.settings import S3Settings
 
         parsed = urlparse(uri)
@@ -101,33 +126,38 @@ class S3Store(Store):
         """The local spool directory of a writer of ``full_key`` (one per bucket and key)."""
         return self.spool_dir / hashlib.sha256(f"{self.bucket}/{full_key}".encode()).hexdigest()[:32]
 
-    def call(self, op: str, key: str | None = None, **kwargs):
-        """One S3 call under the retry policy; client errors raise StoreError naming bucket and key."""
+    def call(self, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """One S3 call (a method of the client, e.g. ``self.client.put_object``) under the retry
+        policy; client errors raise StoreError naming the operation, bucket and key."""
         try:
-            return self.retry.retrying()(getattr(self.client, op), **kwargs)
+            return self.retry.retrying()(op, *args, **kwargs)
         except ClientError as e:
-            where = f"s3://{self.bucket}/{kwargs.get('Key', key or '')}"
+            where = f"s3://{self.bucket}/{kwargs.get('Key', '')}"
             if _code(e) in ("NoSuchKey", "404", "NotFound"):
                 raise NotFound(f"{where} does not exist") from None
             if _code(e) in ("PreconditionFailed", "412"):
                 raise AlreadyExists(f"{where} exists") from None
-            raise StoreError(f"{op} {where}: {_code(e)}: {e.response.get('Error', {}).get('Message', e)}") from None
+            raise StoreError(f"{op.__name__} {where}: {_code(e)}: {e.response.get('Error', {}).get('Message', e)}") from None
         except BotoCoreError as e:
-            raise StoreError(f"{op} s3://{self.bucket}/{kwargs.get('Key', '')}: {e}") from None
+            raise StoreError(f"{op.__name__} s3://{self.bucket}/{kwargs.get('Key', '')}: {e}") from None
 
     def put(self, key: str, data: bytes, *, create_only: bool = False) -> None:
-        extra = {"IfNoneMatch": "*"} if create_only else {}
-        self.call("put_object", Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
+        extra: _IfAbsent = {"IfNoneMatch": "*"} if create_only else {}
+        self.call(self.client.put_object, Bucket=self.bucket, Key=self._key(key), Body=data, **extra)
 
     def get(self, key: str) -> bytes:
-        return self.call("get_object", Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        return self._body(key).read()
+
+    def _body(self, key: str) -> StreamingBody:
+        return self.call(self.client.get_object, Bucket=self.bucket, Key=self._key(key))["Body"]
 
     def open(self, key: str) -> IO[bytes]:
-        return self.call("get_object", Bucket=self.bucket, Key=self._key(key))["Body"]
+        # botocore's StreamingBody is an IOBase: read, iteration by line, close, a context manager
+        return cast("IO[bytes]", self._body(key))
 
     def iter_lines(self, key: str) -> Iterator[bytes]:
         """Lines with their newlines, memory bounded by the longest line plus one chunk."""
-        body = self.open(key)
+        body = self._body(key)
         buf = b""
         try:
             for chunk in body.iter_chunks(1 << 20):
@@ -144,18 +174,19 @@ class S3Store(Store):
 
     def exists(self, key: str) -> bool:
         try:
-            self.call("head_object", Bucket=self.bucket, Key=self._key(key))
+            self.call(self.client.head_object, Bucket=self.bucket, Key=self._key(key))
             return True
         except NotFound:
             return False
 
     def list(self, prefix: str) -> list[str]:
-        keys, token = [], None
+        keys: builtins.list[str] = []
+        token: str | None = None
         full = self._key(prefix)
         cut = len(self.prefix) + 1 if self.prefix else 0
         while True:
-            kwargs = {"Bucket": self.bucket, "Prefix": full, **({"ContinuationToken": token} if token else {})}
-            page = self.call("list_objects_v2", **kwargs)
+            page = (self.call(self.client.list_objects_v2, Bucket=self.bucket, Prefix=full, ContinuationToken=token) if token
+                    else self.call(self.client.list_objects_v2, Bucket=self.bucket, Prefix=full))
             keys += [o["Key"][cut:] for o in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 return sorted(keys)
@@ -165,7 +196,7 @@ class S3Store(Store):
         return _S3StreamWriter(self, key, create_only, salvage)
 
     def delete(self, key: str) -> None:
-        self.call("delete_object", Bucket=self.bucket, Key=self._key(key))
+        self.call(self.client.delete_object, Bucket=self.bucket, Key=self._key(key))
 
     def link(self, key: str, seconds: int) -> str:
         """A presigned GET: signed here with the caller's credentials, no request made. Whoever
@@ -173,33 +204,37 @@ class S3Store(Store):
         return str(self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": self._key(key)},
                                                       ExpiresIn=seconds))
 
-    def _uploads(self, full_key: str) -> list[str]:
+    def _uploads(self, full_key: str) -> builtins.list[str]:
         """Ids of the incomplete multipart uploads of exactly ``full_key``, oldest first."""
-        found, marks = [], {}
+        found: builtins.list[tuple[datetime, str]] = []
+        marks: tuple[str, str] | None = None  # (KeyMarker, UploadIdMarker) of the next page
         while True:
-            page = self.call("list_multipart_uploads", Bucket=self.bucket, Prefix=full_key, **marks)
+            page = (self.call(self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=full_key,
+                              KeyMarker=marks[0], UploadIdMarker=marks[1]) if marks
+                    else self.call(self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=full_key))
             found += [(u["Initiated"], u["UploadId"]) for u in page.get("Uploads", []) if u["Key"] == full_key]
             if not page.get("IsTruncated"):
                 return [u for _, u in sorted(found)]
-            marks = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+            marks = (page["NextKeyMarker"], page["NextUploadIdMarker"])
 
-    def _parts(self, full_key: str, upload_id: str) -> list[dict]:
+    def _parts(self, full_key: str, upload_id: str) -> builtins.list[CompletedPartTypeDef]:
         """The uploaded parts 1..k of an upload (a gap ends the run: what follows it is not contiguous)."""
-        parts, marker = [], 0
+        parts: builtins.list[PartTypeDef] = []
+        marker = 0
         while True:
-            page = self.call("list_parts", Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumberMarker=marker)
+            page = self.call(self.client.list_parts, Bucket=self.bucket, Key=full_key, UploadId=upload_id, PartNumberMarker=marker)
             parts += page.get("Parts", [])
             if not page.get("IsTruncated"):
                 break
             marker = page["NextPartNumberMarker"]
-        run = []
+        run: builtins.list[CompletedPartTypeDef] = []
         for p in sorted(parts, key=lambda p: p["PartNumber"]):
             if p["PartNumber"] != len(run) + 1:
                 break
-            run.append(_part(p))
+            run.append(_part(p["PartNumber"], p))
         return run
 
-    def salvage(self, key: str, dest: str) -> dict | None:
+    def salvage(self, key: str, dest: str) -> Salvaged | None:
         """Uploaded parts plus the spooled tail, kept under ``dest``.
 
         An incomplete upload's parts can be neither read nor copied, so they are first
@@ -219,7 +254,7 @@ class S3Store(Store):
         if not begun:
             if self.exists(key):  # committed; what a dead writer left of it is stale
                 for u in self._uploads(full):
-                    self.call("abort_multipart_upload", Bucket=self.bucket, Key=full, UploadId=u)
+                    self.call(self.client.abort_multipart_upload, Bucket=self.bucket, Key=full, UploadId=u)
                 shutil.rmtree(spool, ignore_errors=True)
                 return None
             orphans = self._uploads(full)
@@ -232,39 +267,42 @@ class S3Store(Store):
                 f"{len(tail)} spooled bytes" if tail is not None
                 else f"no spool on this host: bytes after the uploaded parts (at most {self.settings.parts_in_flight + 1} "
                      "parts) are lost")
-            if not parts:
-                self.call("put_object", Bucket=self.bucket, Key=dfull, Body=tail, IfNoneMatch="*", Metadata={"salvage": note})
+            if not parts and tail:  # (tail is not empty here: one of the two was, above)
+                self.call(self.client.put_object, Bucket=self.bucket, Key=dfull, Body=tail, IfNoneMatch="*", Metadata={"salvage": note})
                 self._forget(key, full, spool)
                 return self._described(dest)
             spool.mkdir(parents=True, exist_ok=True)
-            state.write_text(json.dumps({"parts": len(parts)}))
-            begun = [self.call("create_multipart_upload", Bucket=self.bucket, Key=dfull, Metadata={"salvage": note})["UploadId"]]
-        kept = json.loads(state.read_text())["parts"] if state.exists() else None
+            begun_state: _SalvageBegun = {"parts": len(parts)}
+            state.write_text(json.dumps(begun_state))
+            begun = [self.call(self.client.create_multipart_upload, Bucket=self.bucket, Key=dfull,
+                               Metadata={"salvage": note})["UploadId"]]
+        kept: int | None = _salvage_begun(state.read_text())["parts"] if state.exists() else None
         if not self.exists(key):
             orphan = self._uploads(full)[-1]
             # The prefix as the first step counted it: a part sent before the writer died may
             # have landed since, and its bytes are in the tail.
             parts = _prefix(self._parts(full, orphan))[:kept]
-            self.call("complete_multipart_upload", Bucket=self.bucket, Key=full, UploadId=orphan, IfNoneMatch="*",
+            self.call(self.client.complete_multipart_upload, Bucket=self.bucket, Key=full, UploadId=orphan, IfNoneMatch="*",
                       MultipartUpload={"Parts": parts})
         tail = _spooled(spool, kept + 1) if kept is not None else None
         upload = begun[-1]
-        size = self.call("head_object", Bucket=self.bucket, Key=full)["ContentLength"]
-        step, ranges, start = max(self.settings.part_size, 5 << 20), [], 0
+        size = self.call(self.client.head_object, Bucket=self.bucket, Key=full)["ContentLength"]
+        step, start = max(self.settings.part_size, 5 << 20), 0
+        ranges: builtins.list[tuple[int, int]] = []
         while start < size:  # every copied part but the last is at least one part size; S3 wants >= 5 MiB
             end = size if size - start < 2 * step else start + step
             ranges.append((start, end))
             start = end
-        done = []
+        done: builtins.list[CompletedPartTypeDef] = []
         for n, (a, b) in enumerate(ranges, 1):
-            r = self.call("upload_part_copy", Bucket=self.bucket, Key=dfull, UploadId=upload, PartNumber=n,
+            r = self.call(self.client.upload_part_copy, Bucket=self.bucket, Key=dfull, UploadId=upload, PartNumber=n,
                           CopySource={"Bucket": self.bucket, "Key": full}, CopySourceRange=f"bytes={a}-{b - 1}")
             done.append({"PartNumber": n, "ETag": r["CopyPartResult"]["ETag"]})
         if tail:
             n = len(done) + 1
-            done.append({"PartNumber": n, "ETag": self.call("upload_part", Bucket=self.bucket, Key=dfull, UploadId=upload,
+            done.append({"PartNumber": n, "ETag": self.call(self.client.upload_part, Bucket=self.bucket, Key=dfull, UploadId=upload,
                                                             PartNumber=n, Body=tail)["ETag"]})
-        self.call("complete_multipart_upload", Bucket=self.bucket, Key=dfull, UploadId=upload,
+        self.call(self.client.complete_multipart_upload, Bucket=self.bucket, Key=dfull, UploadId=upload,
                   MultipartUpload={"Parts": done}, IfNoneMatch="*")
         self._forget(key, full, spool)
         return self._described(dest)
@@ -274,11 +312,11 @@ class S3Store(Store):
         if self.exists(key):
             self.delete(key)
         for u in self._uploads(full):
-            self.call("abort_multipart_upload", Bucket=self.bucket, Key=full, UploadId=u)
+            self.call(self.client.abort_multipart_upload, Bucket=self.bucket, Key=full, UploadId=u)
         shutil.rmtree(spool, ignore_errors=True)
 
-    def _described(self, key: str) -> dict:
-        meta = self.call("head_object", Bucket=self.bucket, Key=self._key(key)).get("Metadata", {})
+    def _described(self, key: str) -> Salvaged:
+        meta = self.call(self.client.head_object, Bucket=self.bucket, Key=self._key(key)).get("Metadata", {})
         return {**self.describe(key), "kept_from": meta.get("salvage", "")}
 
 
@@ -308,19 +346,20 @@ class _S3StreamWriter(StreamWriter):
         self.spool.mkdir(parents=True)
         (self.spool / "target").write_text(f"s3://{store.bucket}/{self.full}\n")
         self.buffer = bytearray()
-        self.parts: list[dict] = []  # uploaded, in the order they finished
+        self.parts: list[CompletedPartTypeDef] = []  # uploaded, in the order they finished
         self.sent = 0  # parts handed to the upload so far
         self.confirmed = 0  # parts 1..confirmed are uploaded and their spool files gone
-        self.inflight: dict[Future, int] = {}
+        self.inflight: dict[Future[CompletedPartTypeDef], int] = {}
         self.pool = ThreadPoolExecutor(store.settings.parts_in_flight, thread_name_prefix="s3-part") \
             if store.settings.parts_in_flight > 1 else None
         self.upload_id: str | None = None
         self._tail = open(self.spool / _spool_part(1), "wb")
 
-    def _send(self, n: int, body: bytes | bytearray) -> dict:
+    def _send(self, n: int, upload_id: str, body: bytes | bytearray) -> CompletedPartTypeDef:
         s = self.store
-        return _part({"PartNumber": n, **s.call("upload_part", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id,
-                                                PartNumber=n, Body=body)})
+        # a bytearray goes as bytes do (botocore reads it as a buffer); the stubs name only bytes
+        return _part(n, s.call(s.client.upload_part, Bucket=s.bucket, Key=self.full, UploadId=upload_id, PartNumber=n,
+                               Body=cast("bytes", body)))
 
     def _upload_part(self) -> None:
         s = self.store
@@ -329,15 +368,15 @@ class _S3StreamWriter(StreamWriter):
             # CRC32 botocore sends with it and builds the object's checksum from the parts'.
             # Naming none leaves a CRC64NVME of the whole object to compute at completion,
             # which moto (and any server that emulates it) does in Python.
-            self.upload_id = s.call("create_multipart_upload", Bucket=s.bucket, Key=self.full,
+            self.upload_id = s.call(s.client.create_multipart_upload, Bucket=s.bucket, Key=self.full,
                                     ChecksumAlgorithm="CRC32")["UploadId"]
         self.sent += 1
         if self.pool is None:  # one part after another: the buffer goes as it is, never copied
-            self._uploaded(self._send(self.sent, self.buffer))
+            self._uploaded(self._send(self.sent, self.upload_id, self.buffer))
         else:
             while len(self.inflight) >= s.settings.parts_in_flight:
                 self._reap(FIRST_COMPLETED)
-            self.inflight[self.pool.submit(self._send, self.sent, bytes(self.buffer))] = self.sent
+            self.inflight[self.pool.submit(self._send, self.sent, self.upload_id, bytes(self.buffer))] = self.sent
             self._reap(None)
         self.buffer.clear()
 
@@ -350,7 +389,7 @@ class _S3StreamWriter(StreamWriter):
             del self.inflight[future]
             self._uploaded(future.result())
 
-    def _uploaded(self, part: dict) -> None:
+    def _uploaded(self, part: CompletedPartTypeDef) -> None:
         self.parts.append(part)
         done = {p["PartNumber"] for p in self.parts}
         while self.confirmed + 1 in done:
@@ -380,12 +419,12 @@ class _S3StreamWriter(StreamWriter):
                 if self.buffer:
                     self._upload_part()
                 self._reap(ALL_COMPLETED)
-                extra = {"IfNoneMatch": "*"} if self.create_only else {}
-                s.call("complete_multipart_upload", Bucket=s.bucket, Key=self.full, UploadId=self.upload_id,
+                extra: _IfAbsent = {"IfNoneMatch": "*"} if self.create_only else {}
+                s.call(s.client.complete_multipart_upload, Bucket=s.bucket, Key=self.full, UploadId=self.upload_id,
                        MultipartUpload={"Parts": sorted(self.parts, key=lambda p: p["PartNumber"])}, **extra)
         finally:
             self._close_pool()
-        size = s.call("head_object", Bucket=s.bucket, Key=self.full)["ContentLength"]
+        size = s.call(s.client.head_object, Bucket=s.bucket, Key=self.full)["ContentLength"]
         if size != self.size:
             raise StoreError(f"s3://{s.bucket}/{self.full}: {size} bytes stored, {self.size} written")
         shutil.rmtree(self.spool)
@@ -398,7 +437,7 @@ class _S3StreamWriter(StreamWriter):
         self._close_pool()
         if not self.salvage:
             if self.upload_id is not None:
-                self.store.call("abort_multipart_upload", Bucket=self.store.bucket, Key=self.full, UploadId=self.upload_id)
+                self.store.call(self.store.client.abort_multipart_upload, Bucket=self.store.bucket, Key=self.full, UploadId=self.upload_id)
             shutil.rmtree(self.spool, ignore_errors=True)
 
     def _close_pool(self) -> None:
@@ -416,17 +455,27 @@ class _S3StreamWriter(StreamWriter):
         self.pool = None
 
 
-def _part(p: dict) -> dict:
-    """A part as CompleteMultipartUpload takes it (from UploadPart's answer or ListParts'): an
-    upload created with a checksum algorithm completes only with each part's checksum."""
-    return {k: p[k] for k in ("PartNumber", "ETag", "ChecksumCRC32") if k in p}
+def _part(number: int, p: PartTypeDef | UploadPartOutputTypeDef) -> CompletedPartTypeDef:
+    """Part ``number`` as CompleteMultipartUpload takes it (from UploadPart's answer or ListParts'):
+    an upload created with a checksum algorithm completes only with each part's checksum."""
+    part: CompletedPartTypeDef = {"PartNumber": number}
+    if "ETag" in p:
+        part["ETag"] = p["ETag"]
+    if "ChecksumCRC32" in p:
+        part["ChecksumCRC32"] = p["ChecksumCRC32"]
+    return part
+
+
+def _salvage_begun(text: str) -> _SalvageBegun:
+    begun: _SalvageBegun = json.loads(text)
+    return begun
 
 
 def _spool_part(n: int) -> str:
     return f"part-{n:05d}"
 
 
-def _prefix(parts: list[dict]) -> list[dict]:
+def _prefix(parts: list[CompletedPartTypeDef]) -> list[CompletedPartTypeDef]:
     """The uploaded parts numbered 1..k without a gap: a writer with parts in flight can die
     with later parts uploaded and an earlier one not; what follows the gap is in its spool."""
     ordered = sorted(parts, key=lambda p: p["PartNumber"])
@@ -438,7 +487,7 @@ def _prefix(parts: list[dict]) -> list[dict]:
 
 def _spooled(spool: Path, first: int) -> bytes | None:
     """The spool's part files from ``first`` on, joined; None where there is not even that one."""
-    chunks = []
+    chunks: list[bytes] = []
     n = first
     while (chunk := _read_if_there(spool / _spool_part(n))) is not None:
         chunks.append(chunk)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from functools import lru_cache
+from typing import TypeAlias, cast
 
 import yaml
 
@@ -51,11 +52,17 @@ _OTHER_BREAKS = re.compile("[\x85\u2028\u2029]")
 _INT = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")
 
 
+# PyYAML's implicit resolvers (``yaml_implicit_resolvers``): first character (None: any) -> (tag, pattern)
+Resolvers: TypeAlias = "dict[str | None, list[tuple[str, re.Pattern[str]]]]"
+_Map: TypeAlias = "dict[object, object]"  # a mapping as written or read: keys and values checked as they are met
+_Seq: TypeAlias = "list[object]"
+
+
 class _Unsafe(Exception):
     """A value PyYAML may write differently from this layout, or a text that is not this layout."""
 
 
-def _escape(m: re.Match) -> str:
+def _escape(m: re.Match[str]) -> str:
     ch = m.group()
     if ch in _ESCAPES:
         return "\\" + _ESCAPES[ch]
@@ -77,11 +84,11 @@ def _double_quoted(s: str) -> str:
     return '"' + s + '"'
 
 
-def resolved_by(resolvers: dict) -> Callable[[str], bool]:
+def resolved_by(resolvers: Resolvers) -> Callable[[str], bool]:
     """Whether one of PyYAML's implicit resolvers (tag, pattern) lists keyed by first character
     claims a non-empty string: each character's patterns joined into one, so a string costs one
     match, as it is asked for every string a transcript holds."""
-    def union(patterns: list) -> re.Pattern | None:
+    def union(patterns: list[tuple[str, re.Pattern[str]]]) -> re.Pattern[str] | None:
         return re.compile("|".join(("(?x:%s)" if r.flags & re.X else "(?:%s)") % r.pattern for _, r in patterns)) if patterns else None
 
     wildcard = resolvers.get(None, [])
@@ -125,7 +132,7 @@ def _native(s: str, resolved: Callable[[str], bool]) -> str:
     return "'" + quoted + "'"
 
 
-def scalar_renderer(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[str], str | None]:
+def scalar_renderer(dump_one: Callable[[str], str], resolvers: Resolvers) -> Callable[[str], str | None]:
     """How PyYAML writes string ``s`` as a mapping value or list item, or None.
 
     A string written over several lines (single-quoted, breaks doubled) comes back as written at
@@ -151,15 +158,14 @@ def scalar_renderer(dump_one: Callable[[str], str], resolvers: dict) -> Callable
     return rendered
 
 
-def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object], str | None]:
+def dumper(dump_one: Callable[[str], str], resolvers: Resolvers) -> Callable[[object], str | None]:
     """``dump(value)``: PyYAML's block-style text of ``value`` with ``dump_one``'s settings, or None."""
     string = scalar_renderer(dump_one, resolvers)
     keys: dict[str, str] = {}  # key -> "key:", for the few keys a transcript repeats
 
     def scalar(v: object, cont: int) -> str:
         """``v`` written where its continuation lines, if any, are indented by ``cont``."""
-        t = type(v)
-        if t is str:
+        if type(v) is str:
             if len(v) > _MAX_LEN:
                 raise _Unsafe
             r = string(v)
@@ -168,6 +174,7 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
             return r.replace("\n  ", "\n" + " " * cont) if "\n" in r and cont != 2 else r
         if v is None:
             return "null"
+        t = type(v)
         if t is bool:
             return "true" if v else "false"
         if t is int:
@@ -182,7 +189,7 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
             text = keys[k] = scalar(k, 0) + ":"
         return text
 
-    def mapping(d: dict, indent: int, first: str | None, out: list, seen: set) -> None:
+    def mapping(d: _Map, indent: int, first: str | None, out: list[str], seen: set[int]) -> None:
         pad = " " * indent
         lead = pad if first is None else first
         for k, v in d.items():
@@ -196,16 +203,16 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
                     out.append(" {}\n" if t is dict else " []\n")
                 elif t is dict:
                     out.append("\n")
-                    mapping(v, indent + 2, None, out, seen)
+                    mapping(cast("_Map", v), indent + 2, None, out, seen)
                 else:
                     out.append("\n")
-                    sequence(v, indent, None, out, seen)  # PyYAML's sequences under a key are indentless
+                    sequence(cast("_Seq", v), indent, None, out, seen)  # PyYAML's sequences under a key are indentless
             else:
                 out.append(" ")
                 out.append(scalar(v, indent + 2))
                 out.append("\n")
 
-    def sequence(items: list, indent: int, first: str | None, out: list, seen: set) -> None:
+    def sequence(items: _Seq, indent: int, first: str | None, out: list[str], seen: set[int]) -> None:
         pad = " " * indent + "- "
         lead = pad if first is None else first + "- "
         for v in items:
@@ -215,16 +222,16 @@ def dumper(dump_one: Callable[[str], str], resolvers: dict) -> Callable[[object]
                 if not v:
                     out.append(lead + ("{}\n" if t is dict else "[]\n"))
                 elif t is dict:
-                    mapping(v, indent + 2, lead, out, seen)
+                    mapping(cast("_Map", v), indent + 2, lead, out, seen)
                 else:
-                    sequence(v, indent + 2, lead, out, seen)
+                    sequence(cast("_Seq", v), indent + 2, lead, out, seen)
             else:
                 out.append(lead)
                 out.append(scalar(v, indent + 2))
                 out.append("\n")
             lead = pad
 
-    def nested(v: object, seen: set, indent: int) -> None:
+    def nested(v: object, seen: set[int], indent: int) -> None:
         """PyYAML anchors an object met twice; this layout does not, so it refuses."""
         if id(v) in seen or indent > 2 * _MAX_DEPTH:
             raise _Unsafe
@@ -266,7 +273,7 @@ def _double_quoted_end(text: str) -> int:
     return m.end() - 1 if m else -1
 
 
-def _unescape(m: re.Match) -> str:
+def _unescape(m: re.Match[str]) -> str:
     code = m.group(1)
     if len(code) > 1:
         return chr(int(code[1:], 16))
@@ -367,8 +374,9 @@ class _Reader:
                 parts.append(line)
         return _scalar(rest)
 
-    def sequence(self, col: int) -> list:
-        lines, items, n = self.lines, [], len(self.lines)
+    def sequence(self, col: int) -> _Seq:
+        items: _Seq = []
+        lines, n = self.lines, len(self.lines)
         lead = " " * col + "- "
         while True:
             rest = lines[self.i][col + 2:]
@@ -379,10 +387,11 @@ class _Reader:
             if self.i >= n or not lines[self.i].startswith(lead):
                 return items
 
-    def mapping(self, col: int) -> dict:
+    def mapping(self, col: int) -> _Map:
         """The mapping whose first entry is the current line from ``col`` on. Entries of a plain
         key and a plain value, nearly all of a transcript's, are read inline."""
-        lines, d, pad, keys, n = self.lines, {}, " " * col, self.keys, len(self.lines)
+        d: _Map = {}
+        lines, pad, keys, n = self.lines, " " * col, self.keys, len(self.lines)
         i = self.i
         line = lines[i]
         while True:
@@ -410,7 +419,7 @@ class _Reader:
         self.i = i
         return d
 
-    def entry(self, col: int, pad: str, line: str, d: dict) -> None:
+    def entry(self, col: int, pad: str, line: str, d: _Map) -> None:
         """Any other entry: a quoted key or value, an empty or nested collection."""
         entry = _split_key(line[col:])
         if entry is None:
