@@ -1,14 +1,16 @@
 """A campaign at a glance, from its ledger and stored streams: sessions by state, the cost the
 captured streams state, the refusals, whether its transcripts are ready to pull. Read by
-``probe-runner status`` (and its --watch)."""
+``probe-runner status`` (and its --watch), as one typed record (``CampaignStatus``) whose
+``as_json`` is what ``status --json`` prints."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypedDict
 
-from runner import digest, layout, stream
+from runner import digest, harnesses, layout
 from runner.budget import books
 from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
@@ -17,8 +19,73 @@ from runner.store import NotFound, Store
 FINAL = ("succeeded", "failed", "refused", "interrupted", "cancelled")  # states no run changes by itself
 
 
+class ArmCounts(TypedDict):
+    """One arm's sessions: ended, running, not started yet."""
+
+    done: int
+    running: int
+    waiting: int
+
+
+class Waiting(TypedDict):
+    """Why a session waits for its pod (the scheduler's or the kubelet's words), since when."""
+
+    reason: str
+    since: str
+
+
+@dataclass(frozen=True)
+class Money:
+    """The budget's books, amounts as decimal strings (None: no budget, so nothing is left)."""
+
+    campaign_usd: str | None
+    spent_usd: str
+    reserved_usd: str
+    left_usd: str | None
+
+
+@dataclass(frozen=True)
+class Transcripts:
+    """Whether the transcripts are ready to pull, and when the last transform ended (None: none has)."""
+
+    ready: bool
+    written_at: str | None
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Why the last run stopped with sessions left that no retry of it starts, the exit status
+    it ended with, and when (layout.stopped_key)."""
+
+    why: str
+    exit: int
+    at: str
+
+
+@dataclass(frozen=True)
+class CampaignStatus:
+    """A campaign at one moment (field order is ``status --json``'s key order)."""
+
+    campaign: str
+    total: int                           # sessions planned
+    final: int                           # of them, in a state no run changes by itself (FINAL)
+    sessions: dict[str, int]             # state -> sessions in it ("pending": none journaled)
+    arms: dict[str, ArmCounts]
+    running: dict[str, str]              # session key -> when its attempt started ("" when not journaled)
+    cost_usd: str                        # as the captured streams state it, a decimal string
+    budget: Money
+    refusals: list[dict[str, Any]]       # refusals.json's, or the sessions refused so far
+    waiting: dict[str, Waiting]          # session key -> why it waits for its pod
+    transcripts: Transcripts
+    stopped: Stopped | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The record as ``status --json`` prints it."""
+        return asdict(self)
+
+
 def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
-                    budget: Decimal | None = None) -> dict[str, object]:
+                    budget: Decimal | None = None) -> CampaignStatus:
     """Sessions by state, the cost stated by the streams captured so far, the budget's books
     (spent, reserved and, against ``budget`` or else the one the last start was journaled
     under, left), and the refusals (refusals.json once the transform wrote it, else the
@@ -27,25 +94,30 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     counts: dict[str, int] = {}
-    arms: dict[str, dict[str, int]] = {arm.value: {"done": 0, "running": 0, "waiting": 0} for arm in plan.arms}
+    arms: dict[str, ArmCounts] = {arm.value: {"done": 0, "running": 0, "waiting": 0} for arm in plan.arms}
     running: dict[str, str] = {}
     for spec in plan.sessions():
         st = states.get(spec.key)
         status = st.status if st else "pending"
         counts[status] = counts.get(status, 0) + 1
-        arms[spec.arm]["done" if status in FINAL else "running" if status == "started" else "waiting"] += 1
+        counted = arms[spec.arm]
+        if status in FINAL:
+            counted["done"] += 1
+        elif status == "started":
+            counted["running"] += 1
+        else:
+            counted["waiting"] += 1
         if st is not None and status == "started":
             start = ledger.entry("start", spec.key, st.attempt)
             running[spec.key] = start["at"] if start else ""
     b = books(ledger)
     limit = budget if budget is not None else b.budget
     left = b.left(limit)
-    money = {"campaign_usd": None if limit is None else str(limit), "spent_usd": str(b.spent),
-             "reserved_usd": str(b.reserved), "left_usd": None if left is None else str(left)}
+    money = Money(None if limit is None else str(limit), str(b.spent), str(b.reserved), None if left is None else str(left))
     for st in states.values():
         key = (st.detail.get("stream") or {}).get("key") if st.outcome else None
         if key and key not in costs:
-            costs[key] = stream.parse(store.iter_lines(key)).cost_usd
+            costs[key] = harnesses.HARNESS.parse(store.iter_lines(key), False).cost_usd
     cost = sum((c for c in costs.values() if c is not None), Decimal(0))
     if (written := _read(store, layout.refusals_key(plan.campaign))) is not None:
         refusals = json.loads(written)["refusals"]
@@ -54,13 +126,12 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
                     for s in states.values() if s.status == "refused"]
     total = sum(counts.values())
     read = sessions_digest(states, [spec.key for spec in plan.sessions()])
-    return {"campaign": plan.campaign, "total": total, "final": sum(counts.get(k, 0) for k in FINAL),
-            "sessions": counts, "arms": arms, "running": running, "cost_usd": str(cost), "budget": money,
-            "refusals": refusals, "waiting": _waiting(store, plan, states), "transcripts": _transcripts(store, plan, read),
-            "stopped": _stopped(store, plan, read)}
+    return CampaignStatus(plan.campaign, total, sum(counts.get(k, 0) for k in FINAL), counts, arms, running, str(cost),
+                          money, refusals, _waiting(store, plan, states), _transcripts(store, plan, read),
+                          _stopped(store, plan, read))
 
 
-def _stopped(store: Store, plan: Plan, read: str) -> dict[str, object] | None:
+def _stopped(store: Store, plan: Plan, read: str) -> Stopped | None:
     """Why the last run stopped with sessions left that no retry of it starts (its words and
     exit status, layout.stopped_key), while the ledger is as that run left it and no run began
     or was submitted after it (layout.run_key: the remedy of a stop is a new run, which
@@ -72,30 +143,30 @@ def _stopped(store: Store, plan: Plan, read: str) -> dict[str, object] | None:
         return None
     if (began := _read(store, layout.run_key(plan.campaign))) is not None and json.loads(began)["at"] > record["at"]:
         return None
-    return {k: record[k] for k in ("why", "exit", "at")}
+    return Stopped(record["why"], record["exit"], record["at"])
 
 
-def _transcripts(store: Store, plan: Plan, read: str) -> dict[str, object]:
+def _transcripts(store: Store, plan: Plan, read: str) -> Transcripts:
     """Whether the transcripts are ready to pull: the transform's receipt names the ledger as it
     is now and the SHA256SUMS stored now. Not ready while a transform is writing (sessions end
     in the ledger before the controller's transform writes), or once the ledger moved on after
     it (a session cancelled or resumed since). ``read``: ledger.sessions_digest of the ledger
     now. ``written_at``: when the last transform ended."""
     if (written := _read(store, layout.transformed_key(plan.campaign))) is None:
-        return {"ready": False, "written_at": None}
+        return Transcripts(False, None)
     receipt = json.loads(written)
     ready = (receipt["sessions_sha256"] == read
              and (sums := _read(store, layout.sums_key(plan.campaign))) is not None
              and digest.of_bytes(sums) == receipt["sums_sha256"])
-    return {"ready": ready, "written_at": receipt["at"]}
+    return Transcripts(ready, receipt["at"])
 
 
-def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, dict[str, str]]:
+def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, Waiting]:
     """Why sessions not final yet wait for their pod, as the controller last recorded it
     (layout.waiting_key; absent for the local executor)."""
     if (written := _read(store, layout.waiting_key(plan.campaign))) is None:
         return {}
-    recorded: dict[str, dict[str, str]] = json.loads(written).get("sessions") or {}
+    recorded: dict[str, Waiting] = json.loads(written).get("sessions") or {}
     return {k: v for k, v in recorded.items() if k not in states or states[k].status not in FINAL}
 
 

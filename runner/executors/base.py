@@ -42,9 +42,16 @@ class Remedies:
     again: str       # how the sessions not started are started
     resume_how: str  # the flag that runs `ledger resume` where the campaign runs
     fix_key: str     # what to do about a key the provider refuses
+    # whether a refusal before any session ran ends on ``again``: a Job's refusal is read later,
+    # by a watch, where the one who ran it must be told how to run it again
+    again_after_refusal: bool = False
 
     def resume(self, *sessions: str) -> str:
         return f"`probe-runner ledger resume {self.campaign} {' '.join(sessions)} {self.resume_how}`"
+
+    def refusal(self, why: str) -> str:
+        """The words a refusal before any session ran (the confinement or key check) is recorded with."""
+        return f"{why}, then {self.again}" if self.again_after_refusal else why
 
 
 class CaptureRecord(TypedDict):

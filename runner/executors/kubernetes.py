@@ -82,7 +82,7 @@ def kubernetes_remedies(campaign: str, kube: KubeSettings) -> Remedies:
     a Job of that name exists) or the campaign's resume Job."""
     again = (f"delete the campaign's ended controller Job (`kubectl delete job {jobs.job_name(campaign)}`) and "
              "`probe-runner submit` it again")
-    return Remedies(campaign, again, "--job", fix_key(kube))
+    return Remedies(campaign, again, "--job", fix_key(kube), again_after_refusal=True)
 
 
 @dataclass

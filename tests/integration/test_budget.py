@@ -111,7 +111,7 @@ def test_a_budget_that_fits_three_sessions_starts_three_and_a_larger_one_finishe
     # Issue 29: "a remedy ends on the old failure ... a newer run supersedes an older stop". A run
     # submitted since (submit marks it before its Job journals anything) is what the campaign
     # waits on now, not the stop before it.
-    from runner.service import mark_run
+    from runner.service.stored import mark_run
     from runner.store.file import FileStore
 
     mark_run(FileStore(tmp_path / "store"), "demo", "submit")

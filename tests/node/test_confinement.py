@@ -296,8 +296,8 @@ def test_a_foreign_policy_during_a_campaign_stops_it_and_refuses_the_sessions_it
         states = Ledger(store, campaign).sessions()
         refusals = json.loads(store.get(layout.refusals_key(campaign)))["refusals"]
         # What a user's status --watch ends on, rather than waiting for sessions nothing starts.
-        stopped = campaign_status(store, load_stored_plan(store, campaign), {})["stopped"]
-    assert stopped["exit"] == 12 and stopped["why"].startswith("halted: confinement check"), stopped
+        stopped = campaign_status(store, load_stored_plan(store, campaign), {}).stopped
+    assert stopped is not None and stopped.exit == 12 and stopped.why.startswith("halted: confinement check"), stopped
     assert len([s for s in states.values() if s.status not in ("intended", "pending")]) < 4, states
     # The session whose pod existed when the policy came is refused either way: by its own entry
     # point if its CLI had not started (the API server was reachable), else by the transform.

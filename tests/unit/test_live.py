@@ -77,7 +77,8 @@ def test_a_session_waiting_for_its_pod_says_why():
     """Issue 29: "on a small node, session pods waited on `Insufficient cpu` and the plain watch
     line said only "2 waiting for a pod"". The line and the board name the reason most of them
     wait for, in the scheduler's words."""
-    from runner.cli import status_line, waiting_note
+    from runner.cli.status import status_line, waiting_note
+    from runner.status import CampaignStatus, Money, Transcripts
 
     cpu = "unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
     waiting = {"P-1/present-002": {"reason": cpu, "since": "2026-12-05T10:00:00Z"},
@@ -85,6 +86,7 @@ def test_a_session_waiting_for_its_pod_says_why():
     assert waiting_note(waiting) == f"2 waiting for a pod ({cpu})"
     waiting["P-1/absent-001"] = {"reason": "harness: ErrImagePull: not found", "since": "2026-12-05T10:00:02Z"}
     assert waiting_note(waiting) == f"3 waiting for a pod (2: {cpu})"
-    st = {"final": 1, "total": 4, "sessions": {"started": 0}, "waiting": waiting, "cost_usd": "0.0144",
-          "budget": {"left_usd": None}, "refusals": [], "stopped": None, "transcripts": {"ready": False}}
+    st = CampaignStatus(campaign="c", total=4, final=1, sessions={"started": 0}, arms={}, running={}, cost_usd="0.0144",
+                        budget=Money(None, "0", "0", None), refusals=[], waiting=waiting,
+                        transcripts=Transcripts(False, None), stopped=None)
     assert f", 3 waiting for a pod (2: {cpu}), cost $0.0144" in status_line(st)

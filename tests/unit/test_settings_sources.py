@@ -54,14 +54,16 @@ def test_transform_workers_default_to_the_cpus_a_pod_may_use(tmp_path, cpu_max, 
 
 def test_the_transform_runs_with_the_settings_parallel_threshold(monkeypatch):
     """`probe-runner transform` hands both transform settings to the transform."""
-    from runner import cli as cli_module
-    from runner.transform import run as transform_run
+    from runner.cli import run as cli_run
+    from runner.service import run as service_run
+    from runner.service.outcome import Outcome
 
     seen = {}
     monkeypatch.setenv("RUNNER_TRANSFORM__WORKERS", "3")
     monkeypatch.setenv("RUNNER_TRANSFORM__PARALLEL_MIN_BYTES", "0")
-    monkeypatch.setattr(cli_module, "stored_campaign", lambda settings, campaign: (None, None))
-    monkeypatch.setattr(cli_module, "print_report", lambda store, plan, report: 0)
-    monkeypatch.setattr(transform_run, "run_transform", lambda store, plan, *a: seen.setdefault("args", a))
-    assert cli_module.main(["transform", "c1"]) == 0
+    monkeypatch.setattr(service_run, "stored_campaign", lambda settings, campaign: (None, None))
+    monkeypatch.setattr(service_run, "written", lambda store, plan, report: type("W", (), {"outcome": Outcome.DONE}))
+    monkeypatch.setattr(cli_run, "render_written", lambda written: None)
+    monkeypatch.setattr(service_run, "run_transform", lambda store, plan, *a: seen.setdefault("args", a))
+    assert cli.main(["transform", "c1"]) == 0
     assert seen["args"] == (3, 0)

@@ -1,0 +1,153 @@
+"""Running a campaign, as every command that runs one does it (``run``, ``controller``,
+``demo``, ``ledger resume``): one runner per campaign on this host, the executor chosen by
+name, every session that has not run, the executor closed whatever happens, then the
+transform; and what it came to (``CampaignRun``: the sessions left, what the transform wrote,
+the stop). The CLI parses and renders around it; nothing here prints (the sessions' progress
+goes to the stream the caller gives)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from runner import layout
+from runner.campaign import RunReport, run_sessions
+from runner.clock import now
+from runner.errors import ConfinementError, KeyRefused, UserError
+from runner.executors.registry import make_executor
+from runner.ledger import Ledger, sessions_digest
+from runner.plan import Plan
+from runner.service.outcome import Outcome, error_outcome, exit_status, stop_outcome, written_outcome
+from runner.service.stored import campaign_lock, mark_run, stored_campaign
+from runner.settings import Settings
+from runner.store import Store, open_store
+from runner.throttle import Backoff
+from runner.transform.run import TransformReport, run_transform
+
+# How a campaign whose transform ran by itself (`probe-runner transform`) starts what has not started.
+RUN_AGAIN = "`probe-runner run` it again"
+
+
+@dataclass(frozen=True)
+class Written:
+    """What the transform wrote, and what the ledger leaves undone after it."""
+
+    campaign: str
+    store_uri: str
+    tier: str                # the plan's tier, which names the transcripts
+    report: TransformReport  # the transcripts and refusals written
+    not_started: list[str]   # planned sessions never started (pending, or intended): nothing was spent on them
+    again: str               # how the campaign runs again to start them, on its executor
+    outcome: Outcome         # DONE, REFUSED or UNFINISHED
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """A session started with no outcome: it may or may not have executed."""
+
+    key: str
+    resume: str  # the command that runs a new attempt of it
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why a run left sessions that no retry of it starts (recorded: a watch ends on it)."""
+
+    why: str
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class CampaignRun:
+    campaign: str
+    sessions: RunReport       # what the sessions came to (interrupted, halted, unconfined)
+    written: Written          # the transcripts and refusals the transform wrote
+    interrupted: list[Interrupted]
+    stop: Stop | None
+
+    @property
+    def outcome(self) -> Outcome:
+        """A stop says what the run came to; else what the transform leaves."""
+        return self.stop.outcome if self.stop is not None else self.written.outcome
+
+
+def written(store: Store, plan: Plan, report: TransformReport, again: str = RUN_AGAIN) -> Written:
+    """What ``report``'s transform leaves: the sessions the ledger says never started and
+    whether any is still started, and so the outcome."""
+    states = Ledger(store, plan.campaign).sessions()
+    waiting = [spec.key for spec in plan.sessions() if spec.key not in states or states[spec.key].status == "intended"]
+    unfinished = any(s.status == "started" for s in states.values())
+    return Written(plan.campaign, store.uri, plan.tier.value, report, waiting, again, written_outcome(bool(waiting), unfinished, bool(report.refusals)))
+
+
+def transform_stored(settings: Settings, campaign: str) -> Written:
+    """(Re)build a stored campaign's transcripts and refusals.json on this host."""
+    store, plan = stored_campaign(settings, campaign)
+    return written(store, plan, run_transform(store, plan, settings.transform.workers, settings.transform.parallel_min_bytes))
+
+
+def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "local", produced: list[str] | None = None,
+                 resume: set[str] | None = None, progress_out: TextIO | None = None) -> CampaignRun:
+    """Run every session of ``plan`` that has not run (and those of ``resume``), then the
+    transform; ``progress_out``: where the sessions' progress is shown (default: stderr)."""
+    corpus = corpus.resolve()
+    if not corpus.is_dir():
+        raise UserError(f"corpus {corpus} is not a directory")
+    store = open_store(settings.store, settings)
+    runner = make_executor(executor, settings)
+    with campaign_lock(settings, plan.campaign):
+        mark_run(store, plan.campaign, "run")
+        try:
+            backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
+            report = run_sessions(plan, corpus, store, runner, settings.local.workdir, settings.concurrency,
+                                  produced or [], progress_out or sys.stderr, resume=resume, backoff=backoff,
+                                  budget=settings.budget)
+        except UserError as e:  # refused before a session ran (the first confinement or key check, a bad input):
+            # final for a Job too, so a watch must end on it, with what to do (the monitor's words end on the fix)
+            why = runner.remedies(plan.campaign).refusal(str(e)) if isinstance(e, ConfinementError | KeyRefused) else str(e)
+            record_stop(store, plan, why, exit_status(error_outcome(e)),
+                        sessions_digest(Ledger(store, plan.campaign).sessions(), [x.key for x in plan.sessions()]))
+            raise type(e)(why) from e
+        finally:
+            runner.close()
+        transcripts = run_transform(store, plan, settings.transform.workers, settings.transform.parallel_min_bytes)
+        stop = run_stop(report)
+        if stop is not None:  # after the transform: a watch that ends on it finds the transcripts
+            record_stop(store, plan, stop.why, exit_status(stop.outcome), report.ledger_read)
+        interrupted = [Interrupted(key, report.remedies.resume(key)) for key in report.interrupted]
+        return CampaignRun(plan.campaign, report, written(store, plan, transcripts, report.remedies.again), interrupted,
+                           stop)
+
+
+def run_stop(report: RunReport) -> Stop | None:
+    """The stop a run's report makes, in its words (RunReport.stopped), and what it came to."""
+    stopped, outcome = report.stopped(), stop_outcome(report)
+    if stopped is None or outcome is None:
+        return None
+    return Stop(stopped[0], outcome)
+
+
+def record_stop(store: Store, plan: Plan, why: str, code: int, ledger_read: str) -> None:
+    """Why a run stopped with sessions left that no retry of it starts (layout.stopped_key):
+    what `status` says, and a watch ends on, while the ledger stays as it read it."""
+    store.put(layout.stopped_key(plan.campaign), json.dumps(
+        {"at": now(), "why": why, "exit": code, "sessions_sha256": ledger_read}, indent=2).encode() + b"\n")
+
+
+def run_submitted(settings: Settings, campaign: str, resume: tuple[str, ...] = (),
+                  progress_out: TextIO | None = None) -> CampaignRun:
+    """The controller Job's run: every session of the campaign ``submit`` stored (its plan and
+    corpus) as Kubernetes pods, and a new attempt of each of ``resume``, then the transform."""
+    from runner.corpus import fetch_corpus
+    from runner.service.ledger import check_resumable
+
+    store, plan = stored_campaign(settings, campaign)
+    if resume:
+        book = Ledger(store, plan.campaign)
+        for session in resume:
+            check_resumable(book, plan, session)
+    corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
+    return run_campaign(settings, plan, corpus, "kubernetes", resume=set(resume) or None, progress_out=progress_out)
