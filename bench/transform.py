@@ -230,7 +230,7 @@ def full_transform(files: list[Path], paired: bool = False) -> dict:
     import orjson
     from fuzz_targets import LOCK, identity
 
-    from runner import stream
+    from runner.harnesses.claude_code import stream
     from runner.transform import intake
     from runner.transform.events import SessionFacts, session_event
     from runner.transform.transcript import rendered

@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import fuzz_targets  # noqa: E402
 
-from runner import stream  # noqa: E402
+from runner.harnesses.claude_code import stream  # noqa: E402
 from runner.transform import transcript  # noqa: E402
 from runner.transform.events import session_event  # noqa: E402
 

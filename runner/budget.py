@@ -3,7 +3,7 @@ so realized spend cannot pass it (issue 15; the experiment-records seed's journa
 
 A session reserves its own limit (``budget.session_usd``, given to the CLI as
 ``--max-budget-usd``) plus the most one provider call can add past it (``budget.call_usd``):
-the CLI 2.1.197 checks its limit after each answer, so its last call crosses the limit by less
+the CLI checks its limit after each answer, so its last call crosses the limit by less
 than that call's cost (bench/README.md, "How the CLI stops at its budget"). The reservation
 is journaled in the session's start entry, just before the harness can spend; the outcome
 settles it with the stream's realized cost (``cost_usd``), or with the whole reservation where

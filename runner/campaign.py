@@ -15,26 +15,27 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import IO
 
-from runner import digest, hooks, layout, logs, stream
+from runner import digest, harnesses, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget, settled_cost
 from runner.corpus import corpus_fingerprint, store_identifiers, store_plan
 from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import Executor, Halt, Remedies, Slot, Slots
-from runner.ledger import Ledger, sessions_digest
+from runner.harnesses.contract import Signals
+from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
 from runner.live import LiveProgress
 from runner.plan import Plan, SessionSpec
 from runner.seal import seal
 from runner.settings import BudgetSettings
 from runner.store import Store
-from runner.throttle import Backoff, Halted, Signals, observe, refused_key
+from runner.throttle import Backoff, Halted, observe, refused_key
 from runner.transform.events import shown_paths, written_paths
 
 log = logging.getLogger(__name__)
 
 
-def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> dict:
+def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> Declaration:
     """What an attempt is bound to; a resumed attempt must present the same."""
     return {"probe": spec.probe, "arm": spec.arm, "repetition": spec.repetition,
             "plan": digest.of_bytes(plan.canonical_json()), "corpus": corpus_digest}
@@ -51,14 +52,14 @@ class Progress:
     line per session that ends and per note (a pause, a stop)."""
 
     total: int
-    out: Any = sys.stderr
+    out: IO[str] = sys.stderr
     done: int = 0
     cost: Decimal = Decimal(0)
     lock: threading.Lock = field(default_factory=threading.Lock)
     live: LiveProgress | None = None
 
     @classmethod
-    def for_run(cls, plan: Plan, todo: list[tuple[SessionSpec, int, bool]], out: Any) -> Progress:
+    def for_run(cls, plan: Plan, todo: list[tuple[SessionSpec, int, bool]], out: IO[str]) -> Progress:
         progress = cls(total=len(todo), out=out)
         if todo and getattr(out, "isatty", lambda: False)():
             progress.live = LiveProgress(plan.campaign, dict(Counter(spec.arm for spec, _, _ in todo)), out)
@@ -130,7 +131,7 @@ class RunReport:
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
-                 produced: list[str], progress_out=sys.stderr, resume: set[str] | None = None,
+                 produced: list[str], progress_out: IO[str] = sys.stderr, resume: set[str] | None = None,
                  backoff: Backoff | None = None, budget: BudgetSettings | None = None) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
     starts while the provider throttles (see runner/throttle.py); ``budget`` (default: none)
@@ -147,8 +148,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
              if (st := states.get(spec.key)) and st.status not in ("pending", "intended", "started")}
     live = executor.prepare(plan, final)
     for spec in plan.sessions():
-        st = states.get(spec.key)
-        status = st.status if st else "pending"
+        st = states.get(spec.key) or SessionState(spec.key)  # none journaled: pending, attempt 0
+        status = st.status
         if resume and spec.key in resume:
             todo.append((spec, st.attempt + 1, False))
         elif status == "pending":
@@ -239,7 +240,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
 def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
             attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
-            slot: Slot, money: dict[str, str] | None) -> tuple[str, Decimal | None]:
+            slot: Slot, money: Money | None) -> tuple[str, Decimal | None]:
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
     says about provider throttling is noted into ``signals``; ``slot`` is its place among the
@@ -273,7 +274,7 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
                 """The stored stream, parsed once: the executor asks for its write paths before it
                 collects the artifacts, and the outcome needs its cost and throttling after."""
                 if not parsed_once:
-                    parsed_once.append(stream.parse(observe(store.iter_lines(keys.stream), signals)))
+                    parsed_once.append(harnesses.HARNESS.parse(observe(store.iter_lines(keys.stream), signals), False))
                 return parsed_once[0]
 
             def also(k: layout.SessionKeys, workspace: str) -> set[str]:
@@ -309,7 +310,8 @@ def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Ex
             parsed = parsed_stream()
             refused = signals.refused
             status = "failed" if record["timed_out"] or refused is not None else "succeeded"
-            detail = {"stream": record["stream"], "exit_code": record["exit_code"], "timed_out": record["timed_out"]}
+            detail: dict[str, object] = {"stream": record["stream"], "exit_code": record["exit_code"],
+                                         "timed_out": record["timed_out"]}
             settled = settled_cost(parsed.cost_usd, record.get("gateway"))
             if settled is not None:  # what the budget's books settle this attempt at
                 detail["cost_usd"] = str(settled)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import SecretStr
 
-from runner import harness
+from runner import harnesses
 from runner.errors import UserError
 from runner.settings import Settings
 
@@ -60,16 +60,16 @@ def _confinement(settings: Settings) -> str:
 
 
 def _harness_version(settings: Settings) -> str:
+    harness = harnesses.HARNESS
     found = shutil.which(settings.harness.command)
     if not found:
         raise UserError(f"the harness {settings.harness.command!r} is not on PATH: "
-                        f"npm install -g @anthropic-ai/claude-code@{harness.VERIFIED_VERSION}")
+                        f"{harness.install}")
     out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
     version = out.stdout.split()[0] if out.stdout.split() else ""
-    if out.returncode != 0 or version != harness.VERIFIED_VERSION:
+    if out.returncode != 0 or version != harness.version:
         raise UserError(f"the harness {found} is version {version or '(none: ' + out.stderr.strip()[:80] + ')'}; the "
-                        f"recorder's rules were verified against {harness.VERIFIED_VERSION}: "
-                        f"npm install -g @anthropic-ai/claude-code@{harness.VERIFIED_VERSION}")
+                        f"recorder's rules were verified against {harness.version}: {harness.install}")
     return f"{found} is {version}, the version the recorder was verified against"
 
 
@@ -95,7 +95,7 @@ def _provider(settings: Settings) -> str:
         if p.credentials_file is not None and p.credentials_file.is_file():
             return f"a credentials.json login ({p.credentials_file}): it cannot be checked without a session"
         raise UserError("no credentials: set RUNNER_PROVIDER__API_KEY (or RUNNER_PROVIDER__CREDENTIALS_FILE)")
-    body = json.dumps({"model": "claude-sonnet-4-5", "messages": [{"role": "user", "content": "doctor"}]}).encode()
+    body = json.dumps({"model": harnesses.HARNESS.calls.key_check_model, "messages": [{"role": "user", "content": "doctor"}]}).encode()
     url = p.base_url.rstrip("/") + "/v1/messages/count_tokens"
     req = urllib.request.Request(url, data=body, method="POST", headers={
         "x-api-key": p.api_key.get_secret_value(), "anthropic-version": "2023-06-01", "content-type": "application/json"})

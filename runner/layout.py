@@ -1,6 +1,6 @@
-"""The public store layout of DESIGN.md: every key a user or the engine reads is built here.
+"""The public store layout of docs/design.md: every key a user or the engine reads is built here.
 
-Attempt 1 of a session keeps DESIGN.md's paths; a later attempt (``ledger resume``) writes
+Attempt 1 of a session keeps docs/design.md's paths; a later attempt (``ledger resume``) writes
 under ``attempts/<n>/`` beside them, so no captured byte of an earlier attempt is overwritten.
 """
 

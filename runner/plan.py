@@ -1,4 +1,4 @@
-"""The plan file (DESIGN.md's input contract) and its expansion into sessions.
+"""The plan file (docs/design.md's input contract) and its expansion into sessions.
 
 The plan carries the six identity members `headwater probe plan` printed; the recorder copies
 them into every transcript unchanged, so they are validated here, once, before anything can
@@ -190,7 +190,7 @@ class SessionSpec:
 
     @property
     def name(self) -> str:
-        """DESIGN.md's session name: distinct within a probe."""
+        """docs/design.md's session name: distinct within a probe."""
         return f"{self.arm}-{self.repetition:03d}"
 
     @property

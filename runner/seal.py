@@ -82,11 +82,10 @@ from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner import digest
+from runner import digest, harnesses
 from runner.answer import stated
 from runner.errors import SealError, UserError, format_validation_error
 from runner.plan import Plan, Probe, parse_document
-from runner.stream import cli_view
 
 PROBE_CONFIG = ".headwater/probe.yml"
 RECORDINGS_SHELF = "docs/probe-runs"
@@ -101,8 +100,6 @@ ARM_COMPONENTS: dict[str, frozenset[str]] = {
     "no-claude-md": frozenset({CLAUDE_MD}),
     "mcp": frozenset({HOOKS, SKILLS, CLAUDE_MD}),
 }
-_SETTINGS_FILES = (".claude/settings.json", ".claude/settings.local.json")
-_CLAUDE_MD_NAMES = {"CLAUDE.md", "CLAUDE.local.md"}
 
 
 class ProbeConfig(BaseModel):
@@ -138,7 +135,7 @@ class SealedWorkspace:
     removed: dict[str, str] = field(default_factory=dict)  # relative path -> why
     folds_kept: list[str] = field(default_factory=list)
     mcp_servers: list[str] = field(default_factory=list)  # servers the workspace's .mcp.json declares
-    # relative path -> digest of the CLI's view of the document (stream.cli_view), for the few
+    # relative path -> digest of the CLI's view of the document (Harness.read_view), for the few
     # whose view is not their bytes (CRLF line ends, a byte-order mark, invalid UTF-8): the
     # transform tells by it which document a whole read of one of them saw
     views: dict[str, str] = field(default_factory=dict)
@@ -642,26 +639,20 @@ class _Sealer:
         return f.without(spans) if spans else f.data
 
 
-_ARM_DIRECTORIES = {SKILLS: ".claude/skills", HOOKS: ".claude/hooks"}
-
-
 def _materialised(rel: str, components: frozenset[str]) -> bool:
     """Whether a link to a directory at ``rel`` is copied as a directory: where it is an ancestor
     of a directory the arm removes (a linked ``.claude`` under an arm without skills or hooks).
     As a link, the session would find the skills or hooks the arm removes through it."""
-    return any(c in components and d.startswith(rel + "/") for c, d in _ARM_DIRECTORIES.items())
+    return any(c in components and d.startswith(rel + "/") for c, d in harnesses.HARNESS.arm_files.directories.items())
 
 
 def _arm_removes(rel: str, components: frozenset[str]) -> bool:
-    if SKILLS in components and _under(rel, ".claude/skills"):
+    files = harnesses.HARNESS.arm_files
+    if any(c in components and _under(rel, d) for c, d in files.directories.items()):
         return True
-    if HOOKS in components and _under(rel, ".claude/hooks"):
+    if CLAUDE_MD in components and (PurePosixPath(rel).name in files.memory_names):
         return True
-    if CLAUDE_MD in components and (PurePosixPath(rel).name in _CLAUDE_MD_NAMES):
-        return True
-    if MCP in components and rel == ".mcp.json":
-        return True
-    return False
+    return MCP in components and rel == files.mcp_file
 
 
 def _drop_hooks(path: Path, rel: str) -> None:
@@ -675,13 +666,14 @@ def _drop_hooks(path: Path, rel: str) -> None:
 
 
 def _declared_mcp_servers(workspace: Path) -> list[str]:
-    path = workspace / ".mcp.json"
+    name = harnesses.HARNESS.arm_files.mcp_file
+    path = workspace / name
     if not path.exists():
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
-        raise SealError(f".mcp.json is not valid JSON: {e}") from None
+        raise SealError(f"{name} is not valid JSON: {e}") from None
     servers = data.get("mcpServers", {}) if isinstance(data, dict) else {}
     return sorted(servers) if isinstance(servers, dict) else []
 
@@ -741,8 +733,9 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(os.path.relpath(resolved, src.parent), dest / rel)
 
+    arm_files = harnesses.HARNESS.arm_files
     if HOOKS in components:
-        for rel in _SETTINGS_FILES:
+        for rel in arm_files.hook_settings:
             if (dest / rel).is_file():
                 _drop_hooks(dest / rel, rel)
 
@@ -754,11 +747,11 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
     for shelf in sealer.shelves:
         if os.path.islink(dest / shelf) or any(fs for _, _, fs in os.walk(dest / shelf)):
             problems.append(f"the probe shelf {shelf}/ is still there")
-    for c, d in _ARM_DIRECTORIES.items():
+    for c, d in arm_files.directories.items():
         if c in components and os.path.lexists(dest / d):
             problems.append(f"{d} is still there under the {arm} arm")
-    if MCP in components and os.path.lexists(dest / ".mcp.json"):
-        problems.append(f".mcp.json is still there under the {arm} arm")
+    if MCP in components and os.path.lexists(dest / arm_files.mcp_file):
+        problems.append(f"{arm_files.mcp_file} is still there under the {arm} arm")
     for dirpath, _, filenames in os.walk(dest):
         for name in filenames:
             full = Path(dirpath) / name
@@ -778,7 +771,7 @@ def seal(corpus: Path, plan: Plan, probe: Probe, arm: str, dest: Path) -> Sealed
             f = _File(rel, full.read_bytes())
             if not full.is_symlink():
                 result.manifest[rel] = digest.of_bytes(f.data)
-                if (view := cli_view(f.data)) != f.data:
+                if (view := harnesses.HARNESS.read_view(f.data)) != f.data:
                     result.views[rel] = digest.of_bytes(view)
             if sealer.names_answer_key(f):
                 problems.append(f"{rel} still names an answer key")

@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
+from runner import harnesses
 from runner.errors import UserError, format_validation_error
 
 # Ranges the egress proxy may not reach on the provider's port by default (kube.provider_ip_blocks).
@@ -120,9 +121,6 @@ DEFAULT_PRICES = {
 }
 
 
-# The anthropic-beta values the CLI 2.1.197 sends (seen through the scripted provider's record).
-CLI_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14", "thinking-token-count-2026-05-13",
-             "context-management-2025-06-27", "prompt-caching-scope-2026-01-05"]
 
 
 class GatewaySettings(BaseModel):
@@ -135,8 +133,8 @@ class GatewaySettings(BaseModel):
     port: int = Field(8080, ge=1, le=65535, description="Port the in-cluster gateway (`probe-runner gateway`, the chart's gateway Deployment) listens on; its Service and the session pods' NetworkPolicy use the same. Default: 8080.")
     token_secret: SecretStr | None = Field(None, description="The key tokens are signed with (HMAC-SHA256), shared by the in-cluster gateway and the controller alone: the chart's gateway Secret (key token-secret), given to the gateway as RUNNER_GATEWAY__TOKEN_SECRET. Default: none: the controller reads the Secret kube.gateway_secret (a local run makes a secret of its own).")
     models: list[str] = Field(default_factory=list, description="Models a session may call besides the campaign's own (the plan's model, in its token). Default: none.")
-    betas: list[str] = Field(default_factory=lambda: list(CLI_BETAS), description=f"The anthropic-beta values a session may send: those the pinned CLI sends. A request naming another is refused (the 1M-token context beta, whose premium is not priced, among them). Default: {' '.join(CLI_BETAS)}.")
-    max_tokens: int = Field(64000, gt=0, description="The most output one call may ask for (max_tokens); more is refused. The CLI 2.1.197 asks for 32000 with Sonnet 4.5. Default: 64000.")
+    betas: list[str] = Field(default_factory=lambda: list(harnesses.HARNESS.calls.betas), description=f"The anthropic-beta values a session may send: those the pinned CLI sends. A request naming another is refused (the 1M-token context beta, whose premium is not priced, among them). Default: {' '.join(harnesses.HARNESS.calls.betas)}.")
+    max_tokens: int = Field(64000, gt=0, description="The most output one call may ask for (max_tokens); more is refused. The pinned CLI asks for 32000 with Sonnet 4.5. Default: 64000.")
     context_tokens: int = Field(200000, gt=0, description="The models' context window in tokens: no call's input is larger, so it bounds what a call can cost (with the 1M-token beta refused). Default: 200000.")
     max_body_bytes: int = Field(8 << 20, gt=0, description="The largest request body the gateway reads, in bytes, checked as it is read (after the token, the path and the session's limit); a larger one is refused with 413. Default: 8388608 (8 MiB).")
     bind_to_pod_address: bool = Field(True, description="The in-cluster gateway serves a session token only to requests from the address of the pod it was minted for (the pod IP its watch reports), so a token read elsewhere (another session's pod, a node) is refused. false: where something between session pods and the gateway rewrites their source address (a service mesh's sidecar, masquerading on every connection). Default: true.")

@@ -12,8 +12,8 @@ import io
 import re
 from pathlib import Path
 
-from runner import stream
 from runner.errors import UserError
+from runner.harnesses.claude_code import stream
 from runner.plan import load_plan
 from runner.seal import PROBE_CONFIG, load_probe_config
 from runner.transform import intake, transcript

@@ -161,7 +161,8 @@ def _dumpable_because(executable: str) -> str | None:
     return f"its ELF loader {loader} is readable" if os.access(loader, os.R_OK) else None
 
 
-def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path | None) -> int:
+def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tuple[Path, Path] | None) -> int:
+    """``credentials``: (the file, where the harness reads it), both given by the pod's builder."""
     from runner.entrypoints.canary import wait_until_confined
     from runner.executors import seccomp
 
@@ -182,11 +183,10 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: Path
     seccomp.install(seccomp.program())
     task = os.environ.get("PROBE_TASK", "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE_")}
-    config = Path(env.get("CLAUDE_CONFIG_DIR", env.get("HOME", "/tmp")))
     copied = None
-    if credentials is not None and credentials.is_file():
-        copied = config / ".credentials.json"
-        shutil.copyfile(credentials, copied)
+    if credentials is not None and credentials[0].is_file():
+        copied = credentials[1]
+        shutil.copyfile(credentials[0], copied)
         copied.chmod(0o600)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=conn.fileno(), env=env, start_new_session=True)
@@ -287,9 +287,9 @@ def main(args: list[str]) -> int:
         reader(Path(env["PROBE_CAPTURE_DIR"]), Path(env["PROBE_SOCKET_DIR"]), int(uid) if uid else None)
         return 0
     if args[:2] == ["harness", "--"] and len(args) > 2:
-        creds = env.get("PROBE_CREDENTIALS_FILE")
+        creds, target = env.get("PROBE_CREDENTIALS_FILE"), env.get("PROBE_CREDENTIALS_TARGET")
         return harness(args[2:], Path(env["PROBE_SOCKET_DIR"]), float(env.get("PROBE_TIMEOUT_SECONDS", "1800")),
-                       Path(creds) if creds else None)
+                       (Path(creds), Path(target)) if creds and target else None)
     print("usage: python3 -m runner.entrypoints.pod reader | harness -- COMMAND...", file=sys.stderr)
     return 2
 

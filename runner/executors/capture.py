@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from runner import digest
+from runner import digest, harnesses
 from runner.layout import SessionKeys
 from runner.store import Store
 
@@ -16,11 +16,8 @@ _CHUNK = 1 << 20
 def host_skill_names(environ: dict[str, str] | None = None) -> list[str]:
     """Skill directory names of the host user's configuration (refused if a session loads one)."""
     env = os.environ if environ is None else environ
-    dirs = [Path(env.get("HOME", "/nonexistent")) / ".claude" / "skills"]
-    if env.get("CLAUDE_CONFIG_DIR"):
-        dirs.append(Path(env["CLAUDE_CONFIG_DIR"]) / "skills")
     names = set()
-    for d in dirs:
+    for d in harnesses.HARNESS.host_skill_dirs(env):
         if d.is_dir():
             names.update(p.name for p in d.iterdir() if p.is_dir())
     return sorted(names)

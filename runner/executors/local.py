@@ -55,7 +55,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import harness, hooks
+from runner import harnesses, hooks
 from runner.clock import now
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
@@ -63,6 +63,7 @@ from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.gateway.local import LocalGateway
+from runner.harnesses.contract import Reach
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
@@ -70,7 +71,6 @@ from runner.seal import SealedWorkspace
 from runner.settings import Settings
 from runner.store import Store
 
-HARNESS_PATH = "/run/probe-harness/claude"  # the harness binary's own path inside the sandbox
 LOG_DIR = "/run/probe/log"  # the log directory inside the sandbox (PROBE_LOG_DIR names it)
 _ROOT_SIBLINGS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 _READ_CHUNK = 1 << 16
@@ -155,7 +155,7 @@ def bwrap_args(bwrap: str, harness: str, workspace: str, config_dir: str, log_di
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/tmp",
-        "--ro-bind", harness, HARNESS_PATH,
+        "--ro-bind", harness, harness_path(),
         "--bind", workspace, WORKSPACE,
         "--bind", log_dir, LOG_DIR,
         "--bind", config_dir, CONFIG_DIR,
@@ -184,27 +184,22 @@ def sandbox_fds(loader: str, program: bytes) -> Iterator[tuple[int, int]]:
         os.close(loader_fd)
 
 
+def harness_path() -> str:
+    """The harness binary's own path inside the sandbox."""
+    return f"/run/probe-harness/{harnesses.HARNESS.executable}"
+
+
 def harness_argv(plan: Plan, settings: Settings) -> list[str]:
-    """DESIGN.md's harness flags; the prompt goes in on stdin, so no task text is an argument."""
-    return [HARNESS_PATH, *harness.flags(plan, settings)]
+    """The harness's flags; the prompt goes in on stdin, so no task text is an argument."""
+    return [harness_path(), *harnesses.HARNESS.flags(plan, settings)]
 
 
-def harness_env(settings: Settings) -> dict[str, str]:
-    """The harness's whole environment but its credential (see LocalExecutor._session_env); its
-    directories are the paths inside the sandbox."""
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": CONFIG_DIR,
-        "CLAUDE_CONFIG_DIR": CONFIG_DIR,
-        "TMPDIR": "/tmp",
-        "LANG": "C.UTF-8",
-        "PROBE_LOG_DIR": LOG_DIR,
-        "ANTHROPIC_BASE_URL": settings.provider.base_url,
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-    }
-    env.update(settings.harness.env)
-    return env
+def harness_env(settings: Settings, base_url: str | None = None, token: str | None = None) -> dict[str, str]:
+    """The harness's whole environment; its directories are the paths inside the sandbox, its
+    provider ``base_url`` (default: provider.base_url) with ``token`` as its credential (see
+    LocalExecutor._session_env)."""
+    reach = Reach(CONFIG_DIR, base_url or settings.provider.base_url, token)
+    return {**harnesses.HARNESS.environment(reach, settings.harness.env), "PROBE_LOG_DIR": LOG_DIR}
 
 
 def local_remedies(campaign: str) -> Remedies:
@@ -234,7 +229,7 @@ class LocalExecutor:
             raise UserError(f"the work directory {workdir} lies under $HOME ({home}); set RUNNER_LOCAL__WORKDIR outside it")
         found = shutil.which(s.harness.command)
         if not found:
-            raise UserError(f"harness {s.harness.command!r} not found (install @anthropic-ai/claude-code or set RUNNER_HARNESS__COMMAND)")
+            raise UserError(f"harness {s.harness.command!r} not found ({harnesses.HARNESS.install}, or set RUNNER_HARNESS__COMMAND)")
         self.harness = os.path.realpath(found)
         if s.provider.api_key is None and s.provider.credentials_file is None:
             raise UserError("no credentials for the harness: set RUNNER_PROVIDER__API_KEY or RUNNER_PROVIDER__CREDENTIALS_FILE")
@@ -254,7 +249,7 @@ class LocalExecutor:
         try:
             with sandbox_fds(self.loader, self.seccomp_program) as fds:
                 args = self._bwrap_args(str(probe), str(probe), str(probe), fds)
-                done = subprocess.run(args + [HARNESS_PATH, "--version"], env=harness_env(s),
+                done = subprocess.run(args + [harness_path(), "--version"], env=harness_env(s),
                                       stdin=subprocess.DEVNULL, capture_output=True, timeout=60, pass_fds=fds)
         except subprocess.TimeoutExpired:
             raise ConfinementError("bubblewrap did not start the harness within 60 s") from None
@@ -281,14 +276,11 @@ class LocalExecutor:
     def _session_env(self, keys: SessionKeys) -> dict[str, str]:
         """The harness's environment: with the gateway, its base URL and a token of this
         attempt (valid for the session's time limit and a margin) in place of the key."""
-        env = harness_env(self.settings)
         key = self.settings.provider.api_key
         if self.gateway is not None:
-            env["ANTHROPIC_BASE_URL"] = self.gateway.url
-            env["ANTHROPIC_API_KEY"] = self.gateway.token(keys, self.settings.harness.timeout_seconds + 300)
-        elif key is not None:  # gateway.enabled false: the key itself, readable by the session
-            env["ANTHROPIC_API_KEY"] = key.get_secret_value()
-        return env
+            return harness_env(self.settings, self.gateway.url, self.gateway.token(keys, self.settings.harness.timeout_seconds + 300))
+        # gateway.enabled false: the key itself, readable by the session
+        return harness_env(self.settings, token=None if key is None else key.get_secret_value())
 
     def remedies(self, campaign: str) -> Remedies:
         return local_remedies(campaign)
@@ -319,7 +311,7 @@ class LocalExecutor:
         for d in (config_dir, log_dir):
             d.mkdir(mode=0o700, parents=True, exist_ok=False)
         if s.provider.credentials_file is not None:
-            target = config_dir / ".credentials.json"
+            target = config_dir / harnesses.HARNESS.credentials_file
             shutil.copyfile(s.provider.credentials_file, target)
             target.chmod(0o600)
         started()  # journaled before the harness can run
@@ -362,7 +354,7 @@ class LocalExecutor:
                 hooks.stage("stream-stored")
                 stream = {"key": keys.stream, "bytes": out.size, "sha256": out.sha256}
         finally:
-            (config_dir / ".credentials.json").unlink(missing_ok=True)
+            (config_dir / harnesses.HARNESS.credentials_file).unlink(missing_ok=True)
         ended_at = now()
         store.put(keys.stderr, (scratch / "stderr.log").read_bytes())
         # The stream names paths as the session saw them (under WORKSPACE); the bytes are read on the host.

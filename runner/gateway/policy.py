@@ -2,7 +2,7 @@
 
 A session is code we do not trust: with its own token it can call the gateway with any request,
 and the provider acts on it with the key. So every call (and every token count) is checked
-before it is forwarded, against what the pinned CLI (2.1.197) sends, and the rest is refused:
+before it is forwarded, against what the pinned CLI sends (``Harness.calls``), and the rest is refused:
 
 - the model is the plan's (in the session's token) or one ``gateway.models`` names;
 - the top-level keys are the Messages API's ordinary ones the CLI uses (``mcp_servers`` and
@@ -29,16 +29,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from runner import harnesses
 from runner.settings import GatewaySettings, ModelPrice
 
 MILLION = Decimal(1_000_000)
-# The Messages API's keys the CLI 2.1.197 sends (main loop, token counts and its side queries).
-KEYS = frozenset({"model", "messages", "system", "tools", "tool_choice", "max_tokens", "metadata", "stream", "thinking",
-                  "context_management", "temperature", "top_p", "top_k", "stop_sequences", "output_config", "output_format"})
 # Content blocks a session may not send: each has the provider act beyond the model.
 _BLOCKS = frozenset({"server_tool_use", "mcp_tool_use", "mcp_tool_result", "container_upload"})
 _SOURCES = frozenset({"url", "file"})  # the provider fetches a URL, or reads a file of the key's organisation
-QUERIES = frozenset({"", "beta=true"})
 
 
 class Refused(Exception):
@@ -59,7 +56,8 @@ def check(settings: GatewaySettings, token_model: str | None, body: bytes, betas
           counting: bool) -> Call:
     """The request's Call, or Refused with the reason. ``counting``: a token count, which has
     no ``max_tokens``."""
-    if query not in QUERIES:
+    calls = harnesses.HARNESS.calls
+    if query not in calls.queries:
         raise Refused(f"the query string {query!r} is not one the CLI sends")
     for beta in (b.strip() for b in (betas or "").split(",")):
         if beta and beta not in settings.betas:
@@ -70,7 +68,7 @@ def check(settings: GatewaySettings, token_model: str | None, body: bytes, betas
         raise Refused("the body is not JSON") from None
     if not isinstance(doc, dict):
         raise Refused("the body is not a JSON object")
-    if unknown := sorted(set(doc) - KEYS):
+    if unknown := sorted(set(doc) - calls.request_keys):
         raise Refused(f"the request holds {', '.join(map(repr, unknown))}, which the CLI does not send")
     model = doc.get("model")
     if not isinstance(model, str) or not (model == token_model or model in settings.models or token_model is None):

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from runner import harnesses
 from runner.errors import UserError
 from runner.gateway import policy
 from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
@@ -45,20 +46,14 @@ from runner.settings import GatewaySettings, ModelPrice
 
 log = logging.getLogger(__name__)
 
-# (method, path) the CLI 2.1.197 sends to its base URL; HEAD / is its reachability check.
-ALLOWED = {("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens")}
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
               "transfer-encoding", "upgrade", "host", "content-length"}
-# The request headers passed on: those the CLI sends (anthropic-beta once checked), no others.
-FORWARDED = {"accept", "content-type", "user-agent", "anthropic-version", "anthropic-beta",
-             "anthropic-dangerous-direct-browser-access", "x-app", "x-claude-code-session-id"}
 USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 # GET KEY_PATH (runner/gateway/tokens.py): whether the provider accepts the gateway's key, by a
 # token count (nothing spent), asked at most once per KEY_CHECK_SECONDS whoever asks (the canary,
 # helm test, doctor --cluster): no token needed, as it forwards nothing of the asker's and tells
 # nothing but the key's state.
 KEY_CHECK_SECONDS = 30.0
-KEY_CHECK_MODEL = "claude-sonnet-4-5"
 SHUTDOWN_SECONDS = 5.0  # what calls still open get when a run's gateway stops
 
 
@@ -368,7 +363,7 @@ class Gateway:
         elsewhere = self.origin(claims, request.remote or "") if self.origin is not None else None
         if elsewhere is not None:
             return self._refuse(request, claims, 401, "authentication_error", f"token refused: {elsewhere}")
-        if (request.method, request.path) not in ALLOWED:
+        if (request.method, request.path) not in harnesses.HARNESS.calls.routes:
             return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
         metered = request.path == "/v1/messages"  # count_tokens is free
         if metered and self.shared is not None:
@@ -452,7 +447,7 @@ class Gateway:
 
     async def _ask_key(self) -> tuple[int, str]:
         assert self._client is not None
-        body = json.dumps({"model": KEY_CHECK_MODEL, "messages": [{"role": "user", "content": "key check"}]}).encode()
+        body = json.dumps({"model": harnesses.HARNESS.calls.key_check_model, "messages": [{"role": "user", "content": "key check"}]}).encode()
         try:
             async with self._client.post(self.upstream + "/v1/messages/count_tokens", data=body, allow_redirects=False,
                                          headers={"x-api-key": self.key, "anthropic-version": "2023-06-01",
@@ -523,7 +518,8 @@ class Gateway:
 
     async def _forward(self, request: web.Request, claims: Claims, body: bytes, flight: _Flight) -> web.StreamResponse:
         assert self._client is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED or k.lower().startswith("x-stainless-")}
+        calls = harnesses.HARNESS.calls  # the request headers passed on: those the CLI sends (anthropic-beta once checked)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in calls.headers or k.lower().startswith(calls.header_prefixes)}
         headers["x-api-key"] = self.key
         headers["accept-encoding"] = "identity"  # metered as it passes: no compressed answer
         query = request.rel_url.raw_query_string  # as sent: the policy checked these bytes

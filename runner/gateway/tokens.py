@@ -15,22 +15,14 @@ import json
 import secrets
 from dataclasses import asdict, dataclass
 from decimal import Decimal
-from typing import Any
 
 PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issues
-# The gateway's refusal of a session whose limit is spent: the transform reads it in the
-# stream's result line (the CLI reports the API's error message there) as the session's own
-# limit ending it.
+# The gateway's refusal of a session whose limit is spent: the harness reports it in its
+# stream's result line, read as the session's own limit ending it (Harness.over_budget).
 LIMIT_SPENT = "the session's spend limit is reached at the gateway"
 KEY_PATH = "/probe-runner/key"  # GET: whether the provider accepts the gateway's key (server.py), the canary's route
 STOPPING = "this gateway pod is stopping: ask again"  # its 503 to a key check (a rollout's old pod)
 KEY_REFUSED = "the provider refused the key"  # how its 403 to a key check begins (the canary's result too)
-
-
-def limit_spent(result: dict[str, Any]) -> bool:
-    """Whether a stream's result line is the CLI reporting the gateway's refusal of a spent
-    limit: that session's own end, not a refused key nor a harness error."""
-    return bool(result.get("is_error")) and LIMIT_SPENT in str(result.get("result"))
 
 
 class TokenError(Exception):

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from runner import harness
+from runner import harnesses
+from runner.harnesses.contract import Reach
 from runner.k8s import names
 from runner.plan import Plan
 from runner.sandbox import CONFIG_DIR, WORKSPACE
@@ -37,7 +38,6 @@ SOCKET_DIR = "/run/probe/socket"
 CAPTURE_DIR = "/run/probe/capture"
 SECRET_DIR = "/run/probe/secret"
 PROVIDER_CA_DIR = "/run/probe/provider-ca"
-HARNESS_EXECUTABLE = "claude"
 POD_MODULE = ["python3", "-m", "runner.entrypoints.pod"]
 
 READER_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "500m", "memory": "256Mi"}}
@@ -118,8 +118,8 @@ def _placement(k: KubeSettings) -> dict[str, Any]:
 
 
 def harness_args(plan: Plan, settings: Settings) -> list[str]:
-    """DESIGN.md's harness flags (the task goes in on stdin, never as an argument)."""
-    return [HARNESS_EXECUTABLE, *harness.flags(plan, settings)]
+    """The harness's flags (docs/design.md; the task goes in on stdin, never as an argument)."""
+    return [harnesses.HARNESS.executable, *harnesses.HARNESS.flags(plan, settings)]
 
 
 @dataclass(frozen=True)
@@ -142,30 +142,21 @@ class Route:
 
 def harness_env(settings: Settings, task: str, route: Route) -> list[dict[str, Any]]:
     k = settings.kube
+    harness = harnesses.HARNESS
     env = _env({
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": CONFIG_DIR,
-        "CLAUDE_CONFIG_DIR": CONFIG_DIR,
-        "TMPDIR": "/tmp",
-        "LANG": "C.UTF-8",
-        "ANTHROPIC_BASE_URL": route.base_url,
-        **({"HTTPS_PROXY": route.proxy} if route.proxy else {}),
-        **({"ANTHROPIC_API_KEY": route.token} if route.token else {}),
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        **settings.harness.env,
+        **harness.environment(Reach(CONFIG_DIR, route.base_url, route.token, route.proxy), settings.harness.env),
         # Read and removed from the environment by the entry point before the CLI starts.
         "PROBE_TASK": task,
         "PROBE_SOCKET_DIR": SOCKET_DIR,
         "PROBE_TIMEOUT_SECONDS": f"{settings.harness.timeout_seconds:g}",
     })
     if route.token is None:  # the egress proxy: the session reads the credentials, and TLS is its own
-        env += _env({"PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json"})
+        env += _env({"PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json",
+                     "PROBE_CREDENTIALS_TARGET": f"{CONFIG_DIR}/{harness.credentials_file}"})
         if k.provider_ca_configmap:
-            # Node's extra roots, read by the CLI at start (it keeps the public ones too).
-            env.append({"name": "NODE_EXTRA_CA_CERTS", "value": f"{PROVIDER_CA_DIR}/ca.crt"})
+            env.append({"name": harness.ca_variable, "value": f"{PROVIDER_CA_DIR}/ca.crt"})
         if k.credentials_secret:
-            env.append({"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
+            env.append({"name": harness.credential_variable, "valueFrom": {"secretKeyRef": {
                 "name": k.credentials_secret, "key": "api-key", "optional": True}}})
     return env
 

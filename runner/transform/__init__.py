@@ -5,7 +5,7 @@ stream into a transcript"): this package, the ``probe-runner transform`` command
 Job in the cluster, and the last step of ``run``. Its steps, in the order data flows:
 
 - ``events``: one session's stream and the files it left into one event (``answer``'s rule,
-  ``initcheck``'s refusals of a harness that did not start as the contract requires);
+  the harness's init-line refusals (``Harness.init_refusals``) of a harness that did not start as the contract requires);
 - ``intake``: each transcript confirmed as ``headwater probe record`` would before it is
   written;
 - ``transcript`` (with ``yamlfast``): the transcript file, written and read;

@@ -19,23 +19,10 @@ from decimal import Decimal
 from pathlib import PurePosixPath
 from typing import Any
 
-from runner import digest
+from runner import digest, harnesses
 from runner.answer import answer_of
-from runner.gateway.tokens import limit_spent
-from runner.stream import (
-    ARGUMENT_KEYS,
-    BYTES,
-    PATH_INPUT_KEYS,
-    READ_TOOLS,
-    SEARCH_TOOLS,
-    UNCHANGED,
-    WHOLE,
-    WRITE_TOOLS,
-    ParsedStream,
-    ToolUse,
-    cli_view,
-)
-from runner.transform.initcheck import InitContext, refusals
+from runner.harnesses.contract import InitContext
+from runner.stream import BYTES, UNCHANGED, WHOLE, ParsedStream, ToolUse
 from runner.transform.shell import HOME, Named, Session
 
 
@@ -53,7 +40,7 @@ class SessionFacts:
     artifacts_collected: bool = True
     not_collected_because: str | None = None  # the executor's reason, where it gave one
     links: dict[str, str] = field(default_factory=dict)  # workspace links when the session ended: relative path -> target
-    # the sealed documents whose CLI view (stream.cli_view) is not their bytes: relative path -> digest of the view
+    # the sealed documents whose CLI view (Harness.read_view) is not their bytes: relative path -> digest of the view
     views: dict[str, str] = field(default_factory=dict)
     # the documents the session left changed (relative path -> digest) and deleted, as the capture
     # found them when it ended (meaningful where artifacts_collected)
@@ -63,7 +50,7 @@ class SessionFacts:
     driver_produced: list[str] = field(default_factory=list)
     declared_mcp_servers: frozenset[str] = frozenset()
     host_skills: frozenset[str] = frozenset()
-    # the tools the one list of allowed tools names (harness.tool_names), or None where the
+    # the tools the one list of allowed tools names (Harness.rule_tools), or None where the
     # capture does not record the list
     allowed_tools: frozenset[str] | None = None
 
@@ -189,13 +176,14 @@ def _quoting(text: str, start: int, end: int, quote: str) -> str:
 
 
 def argument_of(use: ToolUse, paths: _Paths) -> str:
-    """The call's identifying argument (see stream.ARGUMENT_KEYS): a path made relative to the
+    """The call's identifying argument (see Tools.argument_keys): a path made relative to the
     workspace, a command, a search as shell words (its pattern, what it searched, "." for the
     workspace, and its file filter), an id or a name; for any other input its identity."""
     if use.identity is not None:
         return use.identity
-    keys = ARGUMENT_KEYS[use.name]
-    if use.name in SEARCH_TOOLS:
+    tools = harnesses.HARNESS.tools
+    keys = tools.argument_keys[use.name]
+    if use.name in tools.searches:
         pattern, where, *filters = keys
         words = [use.input[pattern], paths.show(w) if isinstance(w := use.input.get(where), str) else "."]
         words += [w for k in filters if isinstance(use.input.get(k), str) for w in (f"--{k}", use.input[k])]
@@ -204,7 +192,7 @@ def argument_of(use: ToolUse, paths: _Paths) -> str:
     if len(values) > 1:
         return paths.strip(shlex.join(values))
     value = values[0]
-    return paths.show(value) if keys[0] in PATH_INPUT_KEYS else paths.strip(value)
+    return paths.show(value) if keys[0] in tools.path_input_keys else paths.strip(value)
 
 
 def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
@@ -213,16 +201,17 @@ def _outside_paths(uses: list[ToolUse], paths: _Paths) -> list[str]:
     shell's working directory, and the paths of each Bash command as the shell resolves them
     (transform/shell.py)."""
     found: dict[str, None] = {}
-    shell = Session(paths.workspace, lambda p: not p.startswith(HOME) and paths.relative(p) is not None)
+    tools = harnesses.HARNESS.tools
+    shell = Session(paths.workspace, lambda p: not p.startswith(HOME) and paths.relative(p) is not None, tools.shell_keeps_cwd)
     for use in uses:
         named: list[Named] = []
-        for key in PATH_INPUT_KEYS:
+        for key in tools.path_input_keys:
             value = use.input.get(key)
             if isinstance(value, str):
                 named.append(shell.path(value))
-        if use.name == "Glob" and isinstance(use.input.get("pattern"), str):
-            named.append(shell.path(use.input["pattern"]))
-        command = use.input.get("command") if use.name == "Bash" else None
+        if use.name in tools.path_patterns and isinstance(pattern := use.input.get(tools.path_patterns[use.name]), str):
+            named.append(shell.path(pattern))
+        command = use.input.get(tools.shells[use.name]) if use.name in tools.shells else None
         # a path outside names "/" or "~", or is "..": a command with none of them names none
         if isinstance(command, str) and ("/" in command or "~" in command or ".." in command or "cd" in command or "pushd" in command):
             named += shell.named(command, subagent=use.parent is not None)
@@ -260,7 +249,7 @@ def cites_of(data: bytes, identifier: re.Pattern[str], known: frozenset[str]) ->
 
 def _write_target(use: ToolUse, paths: _Paths, links: dict[str, str]) -> str | None:
     """The workspace path a structured write changed (through the workspace's links), or None."""
-    target = use.input.get(WRITE_TOOLS.get(use.name, ""))
+    target = use.input.get(harnesses.HARNESS.tools.writes.get(use.name, ""))
     rel = paths.relative(target) if isinstance(target, str) else None
     return paths.resolved(rel, links) if rel is not None and links else rel
 
@@ -273,8 +262,10 @@ def _wrote(use: ToolUse, parsed: ParsedStream) -> bool:
     return res is None or (not res.is_error and res.changed is not False)
 
 
-# Calls after which the workspace is still as sealed: none of them can change a file.
-_LEAVE_FILES = frozenset(READ_TOOLS) | frozenset(SEARCH_TOOLS) | {"LS"}
+def _leaves_files(name: str) -> bool:
+    """Whether a call of this tool leaves the workspace as it was: none of them can change a file."""
+    tools = harnesses.HARNESS.tools
+    return name in tools.reads or name in tools.searches or name in tools.lists
 
 
 class _Documents:
@@ -282,7 +273,7 @@ class _Documents:
     identity of each read: "result on a call is the content digest of the document … never the
     bytes returned", so a read is the digest of the document's bytes as that read saw them.
 
-    The stream proves what the CLI showed (stream.ReadSeen): every line of a text document as it
+    The stream proves what the CLI showed (runner/stream.py's ReadSeen): every line of a text document as it
     decoded it, or an image's or PDF's own bytes, or only a part. The states the run knows
     (digest of the bytes, digest of their CLI view) are the sealed bytes, the bytes the session
     left (where the capture collected them) and each Write's bytes. A whole read is the known state
@@ -297,7 +288,7 @@ class _Documents:
         self._written: dict[str, list[tuple[str, str]]] = {}  # what each Write whose record shows its bytes wrote
         self._named: set[str] = set()  # every document a structured write may have changed
         for use in parsed.tool_uses:
-            if use.name in WRITE_TOOLS and _wrote(use, parsed) and (rel := _write_target(use, paths, facts.links)) is not None:
+            if use.name in harnesses.HARNESS.tools.writes and _wrote(use, parsed) and (rel := _write_target(use, paths, facts.links)) is not None:
                 self._named.add(rel)
                 if (wrote := parsed.results[use.id].wrote if use.id in parsed.results else None) is not None:
                     self._written.setdefault(rel, []).append(wrote)
@@ -312,13 +303,13 @@ class _Documents:
             states.append((f.manifest[rel], f.views.get(rel, f.manifest[rel])))
         if f.artifacts_collected and rel in f.changed:
             data = f.final_file(rel)
-            states.append((f.changed[rel], digest.of_bytes(cli_view(data)) if data is not None else ""))
+            states.append((f.changed[rel], digest.of_bytes(harnesses.HARNESS.read_view(data)) if data is not None else ""))
         return states
 
     def identity(self, use: ToolUse, parsed: ParsedStream) -> tuple[str | None, str | None]:
         """The read's identity, and where it has none the reason (None for a call not answered)."""
         res = parsed.results[use.id]
-        target = use.input.get(READ_TOOLS[use.name])
+        target = use.input.get(harnesses.HARNESS.tools.reads[use.name])
         rel = self._paths.relative(target) if isinstance(target, str) else None
         if rel is not None and self._facts.links:
             rel = self._paths.resolved(rel, self._facts.links)
@@ -352,7 +343,7 @@ class _Documents:
         return self._quiet or (f.artifacts_collected and rel not in f.changed and rel not in f.deleted and rel not in self._named)
 
     def after(self, use: ToolUse) -> None:
-        self._quiet = self._quiet and use.name in _LEAVE_FILES
+        self._quiet = self._quiet and _leaves_files(use.name)
 
 
 def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, notes: list[str]) -> list[dict[str, Any]]:
@@ -361,7 +352,7 @@ def _calls(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, notes: list
     for use in parsed.tool_uses:
         call: dict[str, Any] = {"tool": use.name, "argument": argument_of(use, paths)}
         res = parsed.results.get(use.id)
-        if res is not None and use.name in READ_TOOLS and not res.is_error:
+        if res is not None and use.name in harnesses.HARNESS.tools.reads and not res.is_error:
             found, why = documents.identity(use, parsed)
             if found is not None:
                 call["result"] = found  # the document's content digest, as the plan prints it
@@ -386,7 +377,7 @@ def written_paths(uses: list[ToolUse], workspace: str) -> list[str]:
     paths = _Paths(workspace)
     named: list[str] = []
     for use in uses:
-        target = use.input.get(WRITE_TOOLS.get(use.name, ""))
+        target = use.input.get(harnesses.HARNESS.tools.writes.get(use.name, ""))
         if isinstance(target, str) and (shown := paths.show(target)) not in named:
             named.append(shown)
     return named
@@ -398,7 +389,7 @@ def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifi
     path the driver named that the session left; result and cites read off the file."""
     named: list[str] = []
     for use in parsed.tool_uses:
-        target = use.input.get(WRITE_TOOLS.get(use.name, ""))
+        target = use.input.get(harnesses.HARNESS.tools.writes.get(use.name, ""))
         if not isinstance(target, str) or not _wrote(use, parsed):
             continue
         rel = paths.relative(target)
@@ -430,35 +421,6 @@ def _produced(parsed: ParsedStream, facts: SessionFacts, paths: _Paths, identifi
     return produced
 
 
-def _final_message(parsed: ParsedStream) -> str | None:
-    result = parsed.result or {}
-    text = result.get("result")
-    if result.get("subtype") == "success" and not result.get("is_error") and isinstance(text, str):
-        return text
-    return None
-
-
-def _over_budget(parsed: ParsedStream) -> bool:
-    """Its own spend limit ended the session: the CLI's (--max-budget-usd), or the gateway's,
-    whose refusal the CLI reports as the result of an error result line (the session cannot
-    write the stream, so it cannot put that message there)."""
-    result = parsed.result or {}
-    if result.get("subtype") == "error_max_budget_usd":
-        return True
-    return limit_spent(result)
-
-
-def _harness_error(parsed: ParsedStream) -> str | None:
-    result = parsed.result or {}
-    subtype = result.get("subtype")
-    if subtype == "error_max_turns" or _over_budget(parsed):
-        return None  # the session ran out of turns or of its budget: recorded as watched, with answer null
-    if result.get("is_error") or (subtype not in (None, "success")):
-        detail = result.get("errors") or result.get("result") or result.get("api_error_status")
-        return f"the harness reported an error ({subtype}, is_error={result.get('is_error')}): {str(detail)[:300]}"
-    return None
-
-
 def _ran_outside_the_list(parsed: ParsedStream, allowed: frozenset[str] | None) -> list[str]:
     """"Every arm runs in the permission mode dontAsk, with one list of allowed tools": a call of
     another tool that the harness answered without an error ran, and the session then did not run
@@ -468,23 +430,24 @@ def _ran_outside_the_list(parsed: ParsedStream, allowed: frozenset[str] | None) 
     ran: dict[str, int] = {}
     for n, use in enumerate(parsed.tool_uses, 1):
         res = parsed.results.get(use.id)
-        if use.name not in allowed and not use.name.startswith("mcp__") and res is not None and not res.is_error:
+        if use.name not in allowed and not use.name.startswith(harnesses.HARNESS.tools.mcp_prefix) and res is not None and not res.is_error:
             ran.setdefault(use.name, n)
     return [f"the stream shows {name} running (call {n}), a tool outside the one list of allowed tools "
             f"({', '.join(sorted(allowed))})" for name, n in ran.items()]
 
 
 def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: list[str], identifier: re.Pattern[str]) -> SessionOutcome:
+    harness = harnesses.HARNESS
     paths = _Paths(facts.workspace)
     notes = list(parsed.notes)
     reasons = list(parsed.problems)
     if parsed.init is not None:
-        reasons += refusals(
+        reasons += harness.init_refusals(
             parsed.init,
             InitContext(config_dir=facts.config_dir, declared_mcp_servers=facts.declared_mcp_servers, host_skills=facts.host_skills),
         )
     if parsed.result is not None:
-        error = _harness_error(parsed)
+        error = harness.error(parsed.result)
         if error:
             reasons.append(error)
     reasons += _ran_outside_the_list(parsed, facts.allowed_tools)
@@ -499,7 +462,7 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
                          "so the event has no produced key")
         # A watched session is an observation: answer null where the final line states no declared
         # answer, where the probe declares none, and where the time limit ended the session.
-        event["answer"] = answer_of(_final_message(parsed), declared_answers)
+        event["answer"] = answer_of(harness.final_message(parsed.result or {}), declared_answers)
     return SessionOutcome(
         probe=facts.probe,
         session=facts.session,
@@ -510,6 +473,6 @@ def session_event(parsed: ParsedStream, facts: SessionFacts, declared_answers: l
         outside_paths=outside,
         notes=notes,
         timed_out=facts.timed_out,
-        over_budget=_over_budget(parsed),
+        over_budget=harness.over_budget(parsed.result or {}),
         tools=dict(Counter(use.name for use in parsed.tool_uses)),
     )

@@ -20,14 +20,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from decimal import MAX_PREC, Decimal, localcontext
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from runner import digest, layout, stream
+from runner import digest, harnesses, layout
 from runner.budget import realized_cost
 from runner.clock import now
 from runner.corpus import load_identifiers
 from runner.errors import UserError
-from runner.harness import tool_names
 from runner.ledger import Ledger, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
 from runner.store import NotFound, Store
@@ -37,19 +36,41 @@ from runner.transform.transcript import rendered
 
 log = logging.getLogger(__name__)
 
-CONTRACT_PROSE = (
-    "Every session ran in permission mode dontAsk with --setting-sources project,local, one list "
-    "of allowed tools ({allowed}), and WebSearch and WebFetch denied, under a fresh configuration "
-    "directory named by HOME and CLAUDE_CONFIG_DIR, so no user CLAUDE.md, skill, plugin, setting "
-    "or auto-memory of the host loaded. The prompt was the body of the probe's Task section, in a "
-    "workspace sealed against the probe and its answer keys. Each event was derived from the "
-    "harness's standard output alone (claude -p --output-format stream-json), read by the driver."
-)
 COMPARABILITY_PROSE = (
     "The batches of 2026-09-28 and 2026-09-30 ran under bypassPermissions and the configuration "
     "of the host. A rate from this transcript, recorded under the recorder contract, does not "
     "compare with a rate from those batches."
 )
+
+
+class Refusal(TypedDict):
+    """One entry of ``refusals.json``: a session not recorded or refused by the recorder (scope
+    "session"), an event the intake dropped ("event"), a transcript it refused ("transcript").
+    Keys in the order they are written."""
+
+    scope: str
+    probe: NotRequired[str | None]    # session and event scopes (an event may name none)
+    session: NotRequired[str | None]
+    arm: str
+    status: str                       # the ledger's status, or "refused", "dropped"
+    transcript: NotRequired[str]      # transcript scope: its key
+    reason: str
+
+
+class Refusals(TypedDict):
+    """``refusals.json`` (layout.refusals_key)."""
+
+    campaign: str
+    refusals: list[Refusal]
+
+
+class TransformedReceipt(TypedDict):
+    """``transformed.json`` (layout.transformed_key), written last: which reading of the ledger
+    the transcripts and SHA256SUMS are of."""
+
+    at: str               # when, ISO 8601 (runner.clock.now)
+    sessions_sha256: str  # ledger.sessions_digest of the planned sessions as read
+    sums_sha256: str      # digest of SHA256SUMS as written
 
 
 @dataclass
@@ -63,7 +84,7 @@ class ArmResult:
 @dataclass
 class TransformReport:
     arms: list[ArmResult] = field(default_factory=list)
-    refusals: list[dict[str, Any]] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
     cost_usd: Decimal = Decimal(0)
 
 
@@ -84,6 +105,7 @@ def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
     sealed = json.loads(store.get(keys.seal))
     arts = capture.get("artifacts") or {}
     timed_out = bool(capture.get("timed_out"))
+    harness = harnesses.HARNESS
     facts = SessionFacts(
         probe=keys.probe,
         session=keys.session,
@@ -102,9 +124,9 @@ def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
         driver_produced=capture.get("driver_produced", []),
         declared_mcp_servers=frozenset(sealed.get("mcp_servers", [])),
         host_skills=frozenset(capture.get("host_skills", [])),
-        allowed_tools=frozenset(tool_names(listed)) if isinstance(listed := (capture.get("harness") or {}).get("allowed_tools"), list) else None,
+        allowed_tools=frozenset(harness.rule_tools(listed)) if isinstance(listed := (capture.get("harness") or {}).get("allowed_tools"), list) else None,
     )
-    parsed = stream.parse(store.iter_lines(keys.stream), ended_by_driver=timed_out)
+    parsed = harness.parse(store.iter_lines(keys.stream), timed_out)
     probe = plan.probe(keys.probe)
     outcome = session_event(parsed, facts, probe.answers, plan.identifier_re)
     failed = [c for c in capture.get("confinement_checks") or [] if not c.get("passed")]
@@ -239,7 +261,7 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
         f"Campaign {plan.campaign}, {plan.tier.value} tier, {arm} arm: {planned} sessions planned, "
         f"{accepted} recorded as events, {len(outcomes) - accepted} refused by the recorder and "
         f"{not_recorded} not recorded; refusals.json names each refusal with its reason.",
-        CONTRACT_PROSE.format(allowed="; ".join(allowed)),
+        harnesses.HARNESS.conduct.format(allowed="; ".join(allowed)),
         COMPARABILITY_PROSE,
         *sorted({c["confinement"] for c in captures}),
         *([m] if (m := _measured_confinement(captures)) else []),
@@ -436,7 +458,9 @@ def transform_campaign(store: Store, plan: Plan, progress: Callable[[int, int], 
         )
         result = confirm_rendered(transcript, plan.identity.lock, {p.id for p in plan.probes})
         for d in result.dropped:
-            report.refusals.append({"scope": "event", "arm": arm, "status": "dropped", **d})
+            # the intake's {"probe", "session", "reason"}, in its order
+            report.refusals.append({"scope": "event", "arm": arm, "status": "dropped", "probe": d["probe"],
+                                    "session": d["session"], "reason": d["reason"]})
         if result.refusal:
             reason = result.refusal
             if not costs:  # the contract's words, and the run's: why no cost is known
@@ -465,12 +489,12 @@ def run_transform(store: Store, plan: Plan, workers: int = 1, parallel_min_bytes
         if r["scope"] == "transcript":
             store.delete(r["transcript"])
     report = done.report
-    store.put(layout.refusals_key(plan.campaign),
-              json.dumps({"campaign": plan.campaign, "refusals": report.refusals}, indent=2).encode() + b"\n")
+    refusals: Refusals = {"campaign": plan.campaign, "refusals": report.refusals}
+    store.put(layout.refusals_key(plan.campaign), json.dumps(refusals, indent=2).encode() + b"\n")
     prefix, sums = layout.transcripts_prefix(plan.campaign), layout.sums_key(plan.campaign)
     listed = "".join(f"{hashlib.sha256(store.get(k)).hexdigest()}  {k[len(prefix):]}\n"
                      for k in store.list(prefix) if k != sums).encode()
     store.put(sums, listed)
-    store.put(layout.transformed_key(plan.campaign), json.dumps(
-        {"at": now(), "sessions_sha256": done.read, "sums_sha256": digest.of_bytes(listed)}, indent=2).encode() + b"\n")
+    receipt: TransformedReceipt = {"at": now(), "sessions_sha256": done.read, "sums_sha256": digest.of_bytes(listed)}
+    store.put(layout.transformed_key(plan.campaign), json.dumps(receipt, indent=2).encode() + b"\n")
     return report

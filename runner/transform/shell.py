@@ -9,10 +9,10 @@ a command is a path only as the shell reads it, so the command is parsed by a sh
 - a relative path is read against the shell's working directory, which ``cd`` and ``pushd``
   move within the command (``cd docs && cat ../CLAUDE.md`` names a file inside). A subshell, a
   pipeline's parts, a command or process substitution, and a function's body have their own;
-- the CLI keeps one shell's working directory across the session's Bash calls while it stays in
-  the workspace and puts it back there after a call that leaves it (2.1.197, seen through the
-  real CLI: ``Shell cwd was reset to …``); a subagent's calls start where the session's shell is
-  and move nothing for the next call;
+- a harness that keeps one shell's working directory across the session's Bash calls
+  (``Tools.shell_keeps_cwd``) keeps it while it stays in the workspace and puts it back there
+  after a call that leaves it; a subagent's calls start where the session's shell is and move
+  nothing for the next call;
 - the target of ``ln -s TARGET LINK`` is read against the link's directory, as the kernel reads
   a relative link;
 - a here-document's body is text, not a command ("The body of a heredoc is text and not a
@@ -102,6 +102,7 @@ class Session:
 
     workspace: str
     inside: Callable[[str], bool]  # whether a resolved path lies in the workspace
+    keeps_cwd: bool  # the harness keeps the working directory from one call to the next (else each starts at the workspace)
     cwd: str = ""
     _found: list[Named] = field(default_factory=list)
 
@@ -125,8 +126,8 @@ class Session:
                     RecursionError, AssertionError, KeyError):
                 self._found, shell = [], _Shell(self.cwd, self.cwd)  # what a walk cut short found or moved, undone
                 self._read(_tokens(command), shell, tilde=True)
-        if not subagent:
-            # the CLI puts a shell that left the workspace back at the workspace after the call
+        if not subagent and self.keeps_cwd:
+            # it puts a shell that left the workspace back at the workspace after the call
             self.cwd = shell.cwd if self.inside(shell.cwd) else posixpath.normpath(self.workspace)
         return self._found
 

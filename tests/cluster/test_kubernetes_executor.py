@@ -40,7 +40,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 from relay import Relay  # noqa: E402
 from simnode import Replay, SimNode, as_in_pod  # noqa: E402
 
+from tests.support.executor_conformance import Conformant, ExecutorConformance  # noqa: E402
+
 REAL_STREAM = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
+
+
+class TestConformance(ExecutorConformance):
+    """The executor conformance suite (tests/support/executor_conformance.py), as the local and
+    the test-only plain executor pass it in tests/integration/: pods on the simulated nodes,
+    the real CLI in the harness container's place."""
+
+    @pytest.fixture
+    def conformant(self, kube_cluster, nodes, namespace, sim_root, tmp_path, claude_path):
+        store = (tmp_path / "store").as_uri()
+        with ScriptedProvider(json.loads(demo.SCENARIOS.read_text())) as provider, \
+                SimNode(kube_cluster.api_client(), namespace, sim_root, [claude_path]):
+            settings = _settings(_env(kube_cluster, namespace, store, RUNNER_PROVIDER__BASE_URL=provider.base_url,
+                                      RUNNER_PROVIDER__API_KEY="demo-key"))
+            yield Conformant(KubernetesExecutor(settings, Kube(settings.kube)), open_store(store), tmp_path / "work")
 
 
 def _uid() -> str:

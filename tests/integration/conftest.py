@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from runner import harness
+from runner import harnesses
 from runner.demo.provider import ScriptedProvider
 
 #: The CLI version the fixtures and the recorder were verified against.
-EXPECTED_CLAUDE_VERSION = harness.VERIFIED_VERSION
+EXPECTED_CLAUDE_VERSION = harnesses.HARNESS.version
 
 
 def _locate_claude() -> list[str]:

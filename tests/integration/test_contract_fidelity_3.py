@@ -18,7 +18,7 @@ from fidelity import events, plan_of, probe, record, stream_uses, use, write_cor
 
 from runner import digest, layout
 from runner.budget import books
-from runner.harness import tool_names
+from runner.harnesses.claude_code.command import tool_names
 from runner.ledger import Ledger
 from runner.settings import DEFAULT_ALLOWED_TOOLS
 from runner.transform.transcript import parse as parse_transcript

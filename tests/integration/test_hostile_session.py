@@ -29,8 +29,9 @@ from runner.budget import books, realized_cost
 from runner.demo import CORPUS, PLAN
 from runner.gateway import tokens
 from runner.gateway.server import Gateway, GatewayThread, Meter
+from runner.harnesses import HARNESS
 from runner.ledger import Ledger
-from runner.settings import CLI_BETAS, DEFAULT_PRICES, GatewaySettings
+from runner.settings import DEFAULT_PRICES, GatewaySettings
 from runner.store.file import FileStore
 from runner.stream import money
 
@@ -97,7 +98,7 @@ def _post(url: str, token: str, body: bytes, path: str = "/v1/messages?beta=true
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=20)
     conn.request("POST", path, body=body, headers={"content-type": "application/json", "x-api-key": token,
-                                                  "anthropic-beta": ",".join(CLI_BETAS), **(headers or {})})
+                                                  "anthropic-beta": ",".join(HARNESS.calls.betas), **(headers or {})})
     return conn, conn.getresponse()
 
 
@@ -182,7 +183,7 @@ def test_a_call_whose_client_drops_its_connection_is_metered_at_the_provider_s_u
     body = _body("slow-json")
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  + f"anthropic-beta: {','.join(CLI_BETAS)}\r\nx-api-key: {_token(secret)}\r\n"
+                  + f"anthropic-beta: {','.join(HARNESS.calls.betas)}\r\nx-api-key: {_token(secret)}\r\n"
                     f"content-length: {len(body)}\r\n\r\n".encode() + body)
     meter = _settled(g)
     assert meter["calls"] == 1 and meter["usage"]["output_tokens"] == OUT

@@ -21,7 +21,8 @@ import yaml
 from local_run import run_local
 from pydantic import SecretStr
 
-from runner import digest, layout, stream
+from runner import digest, layout
+from runner.harnesses.claude_code import stream
 from runner.plan import parse_plan
 from runner.settings import Settings
 from runner.store.file import FileStore

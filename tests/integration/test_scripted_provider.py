@@ -1,6 +1,6 @@
 """The scripted provider, exercised by the real Claude Code CLI.
 
-Each CLI run uses the harness invocation of DESIGN.md ("The harness"): ``-p`` with
+Each CLI run uses the harness invocation of docs/design.md ("The harness"): ``-p`` with
 stream-json, ``--setting-sources project,local``, ``--permission-mode dontAsk``, the allowed
 and disallowed tool lists, an environment cleared except PATH/HOME/CLAUDE_CONFIG_DIR (a fresh
 directory), a dummy key, ``ANTHROPIC_BASE_URL`` pointing at the provider and

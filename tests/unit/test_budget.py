@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from runner import harness
+from runner import harnesses
 from runner.budget import Books, Gate, OverBudget, books
 from runner.errors import UserError
 from runner.ledger import Ledger
@@ -108,11 +108,11 @@ def test_a_campaign_budget_needs_a_session_limit_and_the_cli_gets_it(monkeypatch
     from runner import demo
 
     plan = parse_plan(__import__("json").loads(demo.PLAN.read_text()), "plan")
-    argv = harness.flags(plan, settings)
+    argv = harnesses.HARNESS.flags(plan, settings)
     assert argv[argv.index("--max-budget-usd") + 1] == "0.5"
     monkeypatch.delenv("RUNNER_BUDGET__CAMPAIGN_USD")
     monkeypatch.delenv("RUNNER_BUDGET__SESSION_USD")
-    assert "--max-budget-usd" not in harness.flags(plan, load_settings())
+    assert "--max-budget-usd" not in harnesses.HARNESS.flags(plan, load_settings())
 
 
 def test_an_attempt_settles_at_the_gateways_meter_where_it_is_more():

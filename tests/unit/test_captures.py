@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import digest, stream
+from runner import digest
+from runner.harnesses.claude_code import stream
 from runner.transform.events import SessionFacts, session_event
 
 DATA = Path(__file__).parents[1] / "data"

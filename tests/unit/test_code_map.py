@@ -44,6 +44,9 @@ def test_the_package_keeps_every_contract():
     ("ledger.py", "import boto3", "Only runner.store talks to object storage"),
     ("executors/local.py", "import aiohttp", "Only the gateway's server speaks HTTP"),
     ("k8s/manifests.py", "from runner.k8s import api", "The pure modules"),
+    # the harness's knowledge spread again: the transform reading the CLI's stream module, doctor its version
+    ("transform/events.py", "from runner.harnesses.claude_code import stream", "reads the harness through its contract"),
+    ("doctor.py", "from runner.harnesses.claude_code.command import VERSION", "reads the harness through its contract"),
 ])
 def test_each_contract_refuses_the_import_it_is_there_for(tmp_path, module, line, contract):
     shutil.copytree(REPO / "runner", tmp_path / "runner", ignore=shutil.ignore_patterns("__pycache__"))

@@ -14,8 +14,8 @@ from pathlib import Path
 import fuzz_targets
 import pytest
 
-from runner import stream
 from runner.errors import UserError
+from runner.harnesses.claude_code import stream
 from runner.plan import load_plan
 from runner.seal import PROBE_CONFIG, load_probe_config
 

@@ -16,7 +16,8 @@ import sys
 
 import fuzz_targets
 
-from runner import digest, stream
+from runner import digest
+from runner.harnesses.claude_code import stream
 from runner.transform import intake
 from runner.transform.events import SessionFacts, session_event
 
@@ -87,7 +88,7 @@ def test_a_100_mb_line_is_read_in_linear_time_holding_about_one_line(tmp_path):
 # after it, over the one before it (the parsed stream alive).
 PARSE_IN_A_FRESH_PROCESS = """
 import json, os, resource, sys, time
-from runner import stream
+from runner.harnesses.claude_code import stream
 
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

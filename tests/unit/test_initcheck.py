@@ -1,6 +1,7 @@
 """The init line refusals, each item separately."""
 
-from runner.transform.initcheck import InitContext, refusals
+from runner.harnesses.claude_code.init import refusals
+from runner.harnesses.contract import InitContext
 
 CFG = "/session/config"
 CTX = InitContext(config_dir=CFG, declared_mcp_servers=frozenset({"docs"}), host_skills=frozenset({"hostskill"}))

@@ -140,6 +140,7 @@ def test_session_pod_complete(plan):
                         {"name": "PROBE_SOCKET_DIR", "value": "/run/probe/socket"},
                         {"name": "PROBE_TIMEOUT_SECONDS", "value": "1800"},
                         {"name": "PROBE_CREDENTIALS_FILE", "value": "/run/probe/secret/credentials.json"},
+                        {"name": "PROBE_CREDENTIALS_TARGET", "value": "/run/probe/config/.credentials.json"},
                         {"name": "ANTHROPIC_API_KEY", "valueFrom": {"secretKeyRef": {
                             "name": "provider", "key": "api-key", "optional": True}}},
                     ],

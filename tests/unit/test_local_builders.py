@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import SecretStr
 
 from runner import sandbox
-from runner.executors.local import HARNESS_PATH, bwrap_args, harness_argv, harness_env, pid1_script
+from runner.executors.local import bwrap_args, harness_argv, harness_env, harness_path, pid1_script
 from runner.plan import parse_plan
 from runner.settings import HarnessSettings, ProviderSettings, Settings
 
@@ -40,7 +40,7 @@ def test_bwrap_args_complete():
         "--proc", "/proc",
         "--dev", "/dev",
         "--tmpfs", "/tmp",
-        "--ro-bind", "/opt/claude/cli", HARNESS_PATH,
+        "--ro-bind", "/opt/claude/cli", "/run/probe-harness/claude",
         "--bind", "/w/ws", "/workspace",
         "--bind", "/w/log", "/run/probe/log",
         "--bind", "/w/cfg", "/run/probe/config",
@@ -68,7 +68,7 @@ def test_harness_argv_flags():
     s = settings(harness=HarnessSettings(allowed_tools=["Read", "Grep", "Bash(git *)", "Bash(ls)"], disallowed_tools=["WebFetch"]))
     argv = harness_argv(plan(), s)
     assert argv == [
-        HARNESS_PATH, "-p",
+        harness_path(), "-p",
         "--output-format", "stream-json", "--verbose",
         "--setting-sources", "project,local",
         "--permission-mode", "dontAsk",

@@ -15,7 +15,8 @@ import fuzz_targets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import answer, digest, stream
+from runner import answer, digest
+from runner.harnesses.claude_code import stream
 from runner.transform import intake, transcript
 from runner.transform.events import _Paths
 from runner.transform.shell import Session
@@ -162,7 +163,7 @@ def test_relative_paths_are_computed_as_pathlib_computed_them(workspace, path):
        | st.sampled_from(["", "''", "'' ''", "a#b c", "#x\ny", "\\", "'a", '"a\\"', '"a\\b\\"\\\\"', "a\\\nb",
                           "cat > n.md <<'EOF'\nx: 1 # y\nEOF\ngit commit -m \"a 'b'\""]))
 def test_any_command_gives_the_paths_it_names_and_never_raises(command):
-    shell = Session("/workspace", lambda p: p == "/workspace" or p.startswith("/workspace/"))
+    shell = Session("/workspace", lambda p: p == "/workspace" or p.startswith("/workspace/"), keeps_cwd=True)
     for named in shell.named(command) + shell.named(command, subagent=True):
         assert named.resolved.startswith(("/", "~")), named
     assert shell.cwd.startswith("/workspace")  # the CLI puts a shell that left the workspace back

@@ -1,12 +1,12 @@
 """The quick start (.ci/quickstart) and the test set-up (.ci/setup) install the CLI version the
-recorder was verified against: one pin, .ci/versions, which must be runner/harness.py's."""
+recorder was verified against: one pin, .ci/versions, which must be runner/harnesses/claude_code's."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from runner import harness
+from runner import harnesses
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_both_set_ups_install_the_cli_version_the_recorder_was_verified_against():
     pinned = subprocess.run(["bash", "-c", "source .ci/versions && echo $CLAUDE_CODE_VERSION"], cwd=REPO,
                             capture_output=True, text=True, timeout=30).stdout.strip()
-    assert pinned == harness.VERIFIED_VERSION
+    assert pinned == harnesses.HARNESS.version
     for script in (".ci/setup", ".ci/quickstart"):
         text = (REPO / script).read_text()
         assert "source .ci/versions" in text and "2.1." not in text, script  # no second pin

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import digest, stream
+from runner import digest
 from runner.answer import answer_of
 from runner.errors import SealError, UserError
+from runner.harnesses.claude_code import stream
 from runner.plan import parse_plan
 from runner.seal import seal
 from runner.transform.events import SessionFacts, session_event

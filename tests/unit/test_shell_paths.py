@@ -28,7 +28,7 @@ def inside(p: str) -> bool:
 
 def outside_named(*commands: str, subagent: tuple[int, ...] = ()) -> list[list[str]]:
     """Per command, the paths it names outside the workspace, in one session's shell."""
-    shell = Session(WS, inside)
+    shell = Session(WS, inside, keeps_cwd=True)
     out = []
     for i, c in enumerate(commands):
         out.append([n.text for n in shell.named(c, subagent=i in subagent) if n.resolved.startswith("~") or not inside(n.resolved)])
@@ -72,7 +72,7 @@ def test_the_working_directory_carries_over_between_calls_while_it_stays_in_the_
 
 
 def test_a_path_input_is_read_against_the_shell_s_directory():
-    shell = Session(WS, inside)
+    shell = Session(WS, inside, keeps_cwd=True)
     shell.named("cd docs")
     assert shell.path("../x").resolved == "/workspace/x"
     assert shell.path("/etc/x").resolved == "/etc/x"
@@ -162,7 +162,7 @@ def test_a_plain_command_read_as_words_is_what_bashlex_reads(commands):
     """A command of plain words and operators is read without bashlex (a millisecond a command):
     the paths it names and where it leaves the shell are the parser's, call after call."""
     texts = [" ".join(c) for c in commands]
-    fast, parsed = Session(WS, inside), Session(WS, inside)
+    fast, parsed = Session(WS, inside, keeps_cwd=True), Session(WS, inside, keeps_cwd=True)
     for text in texts:
         try:
             bashlex.parse(_blank_heredoc_quotes(without_heredoc_bodies(text, closed=True)))  # as Session reads it

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from runner import digest, stream
+from runner import digest
+from runner.harnesses.claude_code import stream
+from runner.harnesses.claude_code.init import refusals
+from runner.harnesses.contract import InitContext
 from runner.transform.events import SessionFacts, corpus_identifiers, session_event
-from runner.transform.initcheck import InitContext, refusals
 from runner.transform.shell import without_heredoc_bodies
 
 FIXTURE = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"

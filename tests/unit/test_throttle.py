@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from runner.throttle import Backoff, Halted, Signals, observe
+from runner.harnesses.contract import Signals
+from runner.throttle import Backoff, Halted, observe
 
 
 def _lines(*objs) -> list[bytes]:

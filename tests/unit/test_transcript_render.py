@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import stream
+from runner.harnesses.claude_code import stream
 from runner.transform import transcript, yamlfast
 from runner.transform.events import SessionFacts, session_event
 

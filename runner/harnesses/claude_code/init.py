@@ -1,5 +1,5 @@
-"""The init line is the check: what the session loaded, refused where it is not what the
-contract allows.
+"""The Claude Code CLI's init line is the check: what the session loaded, refused where it is
+not what the contract allows.
 
 The first ``system``/``init`` line states the permission mode, plugins, MCP servers, skills
 and memory paths the session loaded. Each item of the contract's list is a reason to refuse
@@ -12,16 +12,10 @@ session's configuration directory. A missing init line is the stream parser's re
 from __future__ import annotations
 
 import posixpath
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-
-@dataclass(frozen=True)
-class InitContext:
-    config_dir: str  # the configuration directory as the session saw it
-    declared_mcp_servers: frozenset[str] = frozenset()
-    host_skills: frozenset[str] = frozenset()  # skill directory names of the host
+from runner.harnesses.contract import InitContext
 
 
 def _inside(path: str, directory: str) -> bool:

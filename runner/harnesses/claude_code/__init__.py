@@ -1,0 +1,47 @@
+"""The Claude Code CLI, version 2.1.197, as the recorder runs and reads it: the one harness
+package (runner/harnesses/contract.py). The CLI's next version is a change here and in its
+fixtures (tests/data/captures/, the scripted provider's record), nowhere else."""
+
+from __future__ import annotations
+
+from runner.harnesses.claude_code import api, command, init, results, signals, stream, workspace
+from runner.harnesses.contract import Harness, Tools
+
+HARNESS = Harness(
+    name="Claude Code",
+    conduct=command.CONDUCT,
+    version=command.VERSION,
+    install=command.INSTALL,
+    executable=command.EXECUTABLE,
+    flags=command.flags,
+    environment=command.environment,
+    credential_variable=command.CREDENTIAL_VARIABLE,
+    ca_variable=command.CA_VARIABLE,
+    credentials_file=command.CREDENTIALS_FILE,
+    host_skill_dirs=command.host_skill_dirs,
+    parse=stream.parse,
+    tools=Tools(
+        writes=stream.WRITE_TOOLS,
+        reads=stream.READ_TOOLS,
+        searches=stream.SEARCH_TOOLS,
+        lists=frozenset({"LS"}),
+        path_patterns={"Glob": "pattern"},
+        shells={"Bash": "command"},
+        # one shell's working directory across the Bash calls, put back at the workspace after a
+        # call that leaves it (seen through the real CLI: "Shell cwd was reset to ...")
+        shell_keeps_cwd=True,
+        mcp_prefix="mcp__",
+        argument_keys=stream.ARGUMENT_KEYS,
+        path_input_keys=stream.PATH_INPUT_KEYS,
+    ),
+    rule_tools=command.tool_names,
+    read_view=stream.cli_view,
+    init_refusals=init.refusals,
+    final_message=results.final_message,
+    over_budget=results.over_budget,
+    error=results.error,
+    signal_markers=signals.MARKERS,
+    note_signals=signals.note,
+    arm_files=workspace.ARM_FILES,
+    calls=api.CALLS,
+)
