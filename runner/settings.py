@@ -278,7 +278,7 @@ class KubeSettings(BaseModel):
     priority_class: str | None = Field(None, description="priorityClassName of session pods (and their canaries), so the scheduler preempts other work rather than them. Default: unset (the cluster's default priority).")
     runtime_class: str | None = Field(None, description="runtimeClassName of session pods (e.g. gvisor). Default: unset (the cluster's default runtime).")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector of session pods. Default: none.")
-    tolerations: list[dict] = Field(default_factory=list, description="tolerations of session pods (Kubernetes Toleration objects). Default: none.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="tolerations of session pods (Kubernetes Toleration objects). Default: none.")
     spread_max_skew: int | None = Field(1, ge=0, description="maxSkew of a topology spread of session pods over kubernetes.io/hostname (ScheduleAnyway); 0 or null turns it off (0 because an environment variable cannot say null). Default: 1.")
     resources: ResourceSettings = Field(default_factory=ResourceSettings)
     create_concurrency: int = Field(8, ge=1, description="Pod creations in flight at once. Default: 8.")
@@ -372,7 +372,8 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with flag values (non-None) laid over them."""
     try:
-        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+        given: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+        return Settings(**given)
     except SettingsError as e:
         raise UserError(f"settings: {e.__cause__ or e}") from None
     except ValidationError as e:

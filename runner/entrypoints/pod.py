@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from runner.clock import now  # the standard library alone, as everything here
 
@@ -57,7 +58,21 @@ _CONNECT_WAIT_SECONDS = 3600.0
 
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return int(struct.unpack("3i", creds)[1])
+
+
+class ReaderRecord(TypedDict):
+    """What the reader records at the stream's end (record.json; the capture record's ``reader``):
+    the stream's bytes and digest as they arrived, that the harness closed it, the uid of the peer
+    it accepted and those it refused, when it began and ended."""
+
+    bytes: int
+    sha256: str
+    eof: bool
+    peer_uid: int
+    refused_peers: list[int]
+    started_at: str
+    ended_at: str
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -107,8 +122,8 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
             size += len(chunk)
         out.flush()
         os.fsync(out.fileno())
-    record = {"bytes": size, "sha256": "sha256:" + sha.hexdigest(), "eof": True, "peer_uid": uid,
-              "refused_peers": refused, "started_at": started, "ended_at": now()}
+    record: ReaderRecord = {"bytes": size, "sha256": "sha256:" + sha.hexdigest(), "eof": True, "peer_uid": uid,
+                            "refused_peers": refused, "started_at": started, "ended_at": now()}
     _write_atomic(capture_dir / RECORD_NAME, json.dumps(record, sort_keys=True).encode())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:

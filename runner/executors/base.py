@@ -11,12 +11,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
 from runner.store import Store
+
+if TYPE_CHECKING:
+    from runner.entrypoints.pod import ReaderRecord  # the type alone: the pod's entry points are not the run path's
 
 # (probe, session, attempt) of a session attempt whose harness may still run (a pod a restarted
 # controller adopts instead of starting the session again).
@@ -54,6 +57,25 @@ class Remedies:
         return f"{why}, then {self.again}" if self.again_after_refusal else why
 
 
+class StreamRecord(TypedDict):
+    """A stored stream: where, how many bytes, their digest."""
+
+    key: str
+    bytes: int
+    sha256: str
+
+
+class Artifacts(TypedDict):
+    """The files a session left, as collected (runner/executors/capture.py): the workspace paths
+    it created or changed with their digests, those stored (also the ones asked for), its links
+    by target, and the sealed paths it deleted."""
+
+    changed: dict[str, str]
+    stored: list[str]
+    links: dict[str, str]
+    deleted: list[str]
+
+
 class CaptureRecord(TypedDict):
     """What an executor observed of one session, beside its stream: stored as the session's
     capture.json, read by the transform. Paths are as the session saw them."""
@@ -67,16 +89,16 @@ class CaptureRecord(TypedDict):
     exit_code: int | None           # the CLI's exit status (None: it never reported one)
     timed_out: bool                 # the driver ended it at its time limit
     oom_killed: NotRequired[bool]   # kubernetes: the harness container was killed at its memory limit
-    stream: dict[str, Any]          # the stored stream: key, bytes, sha256
+    stream: StreamRecord            # the stored stream
     workspace: str                  # the workspace path as the session saw it
     config_dir: str                 # the CLI's configuration directory as the session saw it
     host_skills: list[str]          # skills the host's CLI configuration would have loaded
-    artifacts: dict[str, Any] | None  # the files the session changed, as stored (None: not collected)
+    artifacts: Artifacts | None     # the files the session changed, as stored (None: not collected)
     artifacts_not_collected: NotRequired[str]              # why artifacts is None
     artifacts_warnings: NotRequired[list[str]]             # kubernetes: what the pod's tar could not read
     confinement_checks: NotRequired[list[dict[str, Any]]]  # kubernetes: the canary checks over the session
     pod: NotRequired[dict[str, Any]]                       # kubernetes: name, namespace, node
-    reader: NotRequired[dict[str, Any]]                    # kubernetes: the capture reader's record
+    reader: NotRequired[ReaderRecord]                      # kubernetes: the capture reader's record
     driver_produced: NotRequired[list[str]]                # added by the campaign: paths it may write unnamed
     gateway: NotRequired[dict[str, Any]]                   # the provider gateway's meter of the attempt's calls
 

@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 
 from runner import digest, harnesses
+from runner.executors.base import Artifacts
 from runner.layout import SessionKeys
 from runner.store import Store
 
@@ -16,7 +17,7 @@ _CHUNK = 1 << 20
 def host_skill_names(environ: dict[str, str] | None = None) -> list[str]:
     """Skill directory names of the host user's configuration (refused if a session loads one)."""
     env = os.environ if environ is None else environ
-    names = set()
+    names: set[str] = set()
     for d in harnesses.HARNESS.host_skill_dirs(env):
         if d.is_dir():
             names.update(p.name for p in d.iterdir() if p.is_dir())
@@ -38,7 +39,7 @@ def _through_links(workspace: Path, named: set[str]) -> set[str]:
     return found
 
 
-def collect_workspace(workspace: Path, manifest: dict[str, str], also: set[str], store: Store, keys: SessionKeys) -> dict:
+def collect_workspace(workspace: Path, manifest: dict[str, str], also: set[str], store: Store, keys: SessionKeys) -> Artifacts:
     """Store every file the session created or changed (and those in ``also`` that exist).
 
     Links are recorded by target and never followed: a link the session made could point at

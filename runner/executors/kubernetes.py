@@ -25,9 +25,9 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from runner import digest, layout
 from runner.clock import now
@@ -37,6 +37,7 @@ from runner.entrypoints.pod import (
     STREAM_NAME,
     TIMEOUT_EXIT,
     UNCONFINED_EXIT,
+    ReaderRecord,
     deliver_argv,
     fetch_argv,
     is_delivered_argv,
@@ -44,14 +45,14 @@ from runner.entrypoints.pod import (
     record_argv,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot
+from runner.executors.base import Artifacts, CaptureRecord, Halt, Live, Remedies, Slot, StreamRecord
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
 from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
 from runner.k8s import jobs, manifests, names, podstate
-from runner.k8s.api import ExecError, Kube, QuotaExceeded
+from runner.k8s.api import ExecError, ExecResult, Kube, QuotaExceeded
 from runner.k8s.confinement import ConfinementMonitor, fix_key
-from runner.k8s.podcache import PodCache
+from runner.k8s.podcache import Pod, PodCache
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
@@ -195,11 +196,11 @@ class KubernetesExecutor:
         spool = scratch / "stream.spool"
         spool.unlink(missing_ok=True)
         end, fetched = self._follow(name, spool, limit)
-        if not end or end[0] == "lost":
-            reason = end[1] if end else f"the harness did not end within {limit:g} s"
+        if end is None or end.lost is not None:
+            reason = end.lost if end is not None and end.lost is not None else f"the harness did not end within {limit:g} s"
             detail = self._salvage(name, spool, store, keys)
             raise SessionInterrupted(reason, {"reason": reason, **detail})
-        term = end[1]
+        term = end.terminated
         if term.get("exitCode") == OPEN_NETWORK_EXIT:
             raise SessionRefused("the session pod's network policy was not in force: the API server was still "
                                  "reachable from it when the harness was to start; the CLI did not run")
@@ -218,7 +219,7 @@ class KubernetesExecutor:
         metered = self._meter(name) if self.token_secret is not None else None
         exit_code = term.get("exitCode")
         pod = self.cache.get(name) or {}
-        return {
+        capture: CaptureRecord = {
             "executor": self.name,
             "confinement": self.confinement,
             "network_confined": True,
@@ -242,9 +243,15 @@ class KubernetesExecutor:
             "workspace": WORKSPACE,
             "config_dir": CONFIG_DIR,
             "host_skills": [],
-            **artifacts,
-            **({"gateway": metered} if metered is not None else {}),
+            "artifacts": artifacts.artifacts,
         }
+        if artifacts.not_collected is not None:
+            capture["artifacts_not_collected"] = artifacts.not_collected
+        if artifacts.warnings:
+            capture["artifacts_warnings"] = artifacts.warnings
+        if metered is not None:
+            capture["gateway"] = metered
+        return capture
 
     def _route_of(self, keys: SessionKeys, model: str) -> manifests.Route:
         """The route of one attempt's pod: through the gateway, with a token of this attempt that
@@ -259,7 +266,7 @@ class KubernetesExecutor:
                                None if b.session_usd is None else str(b.session_usd), str(b.call_usd), model)
         return manifests.Route(self.route.base_url, token=tokens.mint(self.token_secret, claims))
 
-    def _meter(self, pod: str) -> dict:
+    def _meter(self, pod: str) -> dict[str, Any]:
         """The gateways' meter of the attempt (its Lease, runner/gateway/cluster.py), once each
         gateway has settled it (given back what it held beyond the spend of the ended
         harness); past SETTLE_SECONDS one that has not counts at what it holds."""
@@ -276,7 +283,7 @@ class KubernetesExecutor:
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def _start_pod(self, name: str, manifest: dict, session: str, slot: Slot) -> None:
+    def _start_pod(self, name: str, manifest: dict[str, Any], session: str, slot: Slot) -> None:
         """Create the pod and wait for its reader to run; what it waits for meanwhile (the
         scheduler's message, an image pull, a quota) is kept in ``waiting`` for ``status``.
         A pod that waits past kube.waiting_grace_seconds steps aside (``slot.aside()``) so
@@ -288,7 +295,7 @@ class KubernetesExecutor:
         timeout = k.start_timeout_seconds
         why = "no attempt made"
 
-        def started(pod: dict | None) -> Startup | None:
+        def started(pod: Pod | None) -> Startup | None:
             start = _startup(pod)
             if start is None:
                 self.waiting.note(session, podstate.waiting(pod))
@@ -327,7 +334,7 @@ class KubernetesExecutor:
         self.waiting.note(session, f"did not start: {why}")
         raise NotStarted(f"pod {name} did not start: {why}")
 
-    def _create(self, manifest: dict, session: str, timeout: float, slot: Slot) -> None:
+    def _create(self, manifest: dict[str, Any], session: str, timeout: float, slot: Slot) -> None:
         """Create the pod; a namespace quota that refuses it now may admit it once other
         sessions end, so that refusal is waited out (up to ``timeout``, aside after the
         grace), not a failure."""
@@ -348,7 +355,7 @@ class KubernetesExecutor:
                 self.waiting.note(session, f"quota: {e}")
                 time.sleep(5)
 
-    def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True):
+    def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True) -> ExecResult:
         k = self.settings.kube
         for attempt in self.kube.retry.retrying():  # the API's policy: an exec is an API call
             with attempt:
@@ -358,12 +365,13 @@ class KubernetesExecutor:
             raise ExecError(f"exec in {pod}: {argv[-1] if argv else ''} exited {res.code}: {res.stderr.decode(errors='replace')[-300:]}")
         return res
 
-    def _reader_record(self, pod: str) -> dict | None:
+    def _reader_record(self, pod: str) -> ReaderRecord | None:
         deadline = time.monotonic() + _RECORD_WAIT_SECONDS
         while time.monotonic() < deadline:
             out = self._exec(pod, record_argv()).stdout
             if out.strip():
-                return json.loads(out)
+                record: ReaderRecord = json.loads(out)
+                return record
             time.sleep(0.2)
         return None
 
@@ -396,11 +404,12 @@ class KubernetesExecutor:
             os.fsync(f.fileno())
         return offset
 
-    def _follow(self, pod: str, spool: Path, limit: float) -> tuple[tuple | None, int]:
+    def _follow(self, pod: str, spool: Path, limit: float) -> tuple[HarnessEnd | None, int]:
         """Wait for the harness's end (at most ``limit`` seconds), fetching the stream into the
         spool every kube.stream_poll_seconds meanwhile: a pod evicted or deleted mid-session
         (its volumes go with it) then loses at most that much of the stream, not all of it.
         Returns the end (None on timeout) and the bytes spooled so far."""
+        assert self.cache is not None
         deadline = time.monotonic() + limit
         fetched = 0
         while True:
@@ -413,7 +422,7 @@ class KubernetesExecutor:
             except ExecError as e:  # no stream yet, or a transfer that broke: the next poll goes on from here
                 log.debug("%s: following the stream: %s", pod, e)
 
-    def _salvage(self, pod: str, spool: Path, store: Store, keys: SessionKeys) -> dict:
+    def _salvage(self, pod: str, spool: Path, store: Store, keys: SessionKeys) -> dict[str, Any]:
         """Keep what can still be read of a stream that cannot be proven complete: what was
         fetched while the session ran, and what the pod still has past it."""
         got = spool.stat().st_size if spool.exists() else 0
@@ -428,7 +437,7 @@ class KubernetesExecutor:
         return {"stream": None, "partial_stream": kept}
 
     def _collect(self, pod: str, scratch: Path, sealed: SealedWorkspace, store: Store, keys: SessionKeys,
-                 also_collect) -> dict:
+                 also_collect: Callable[[SessionKeys, str], set[str]]) -> Collected:
         """The files the session left: packed in the pod, fetched in verified chunks as the
         stream is (memory bounded by one chunk), unpacked safely, stored. Past
         kube.collect_max_bytes nothing is collected and the capture record says why."""
@@ -440,8 +449,8 @@ class KubernetesExecutor:
         except ValueError:
             raise ExecError(f"exec in {pod}: packing the workspace said {res.stdout[:200]!r}") from None
         if size > limit:
-            return {"artifacts": None, "artifacts_not_collected": f"the workspace packs to more than kube.collect_max_bytes "
-                                                                  f"({limit} bytes); its files were not collected"}
+            return Collected(None, f"the workspace packs to more than kube.collect_max_bytes ({limit} bytes); "
+                                   "its files were not collected")
         if status != "0":
             raise ExecError(f"exec in {pod}: packing the workspace failed (tar {status}): "
                             f"{res.stderr.decode(errors='replace')[-300:]}")
@@ -456,12 +465,12 @@ class KubernetesExecutor:
             skipped = _extract_safely(spool, out, limit)
         except WorkspaceTooLarge as e:
             shutil.rmtree(out, ignore_errors=True)
-            return {"artifacts": None, "artifacts_not_collected": str(e)}
+            return Collected(None, str(e))
         if skipped:
             log.warning("%s: %d workspace member(s) not unpacked (outside the workspace or through a link): %s",
                         pod, len(skipped), ", ".join(skipped[:10]))
         collected = collect_workspace(out, sealed.manifest, also_collect(keys, WORKSPACE), store, keys)
-        return {"artifacts": collected, **({"artifacts_warnings": warnings[-20:]} if warnings else {})}
+        return Collected(collected, warnings=warnings[-20:])
 
     def _delete(self, name: str, grace: int | None = None) -> None:
         with self._delete_slots:
@@ -525,6 +534,15 @@ class Waiting:
 
 
 @dataclass(frozen=True)
+class Collected:
+    """The files a session left, or why they were not collected, and what the pod's tar could not read."""
+
+    artifacts: Artifacts | None
+    not_collected: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Startup:
     """How a new pod's start ended: ``running`` (its reader runs), ``failed`` (it cannot start:
     an image or configuration error; it is deleted and created again) or ``gone`` (deleted
@@ -534,7 +552,7 @@ class Startup:
     why: str = ""
 
 
-def _startup(pod: dict | None) -> Startup | None:
+def _startup(pod: Pod | None) -> Startup | None:
     """A pod's start as far as it went, or None while it may still start."""
     if pod is None:
         return Startup("gone", "the pod was deleted before it started")
@@ -544,16 +562,24 @@ def _startup(pod: dict | None) -> Startup | None:
     return Startup("failed", why) if why else None
 
 
-def _harness_end(pod: dict | None):
+@dataclass(frozen=True)
+class HarnessEnd:
+    """How a harness's wait ended: its container terminated (its state), or the pod was lost (why)."""
+
+    terminated: dict[str, Any]
+    lost: str | None = None
+
+
+def _harness_end(pod: Pod | None) -> HarnessEnd | None:
     if pod is not None:
         term = podstate.terminated(pod, "harness")
         if term is not None:
-            return ("done", term)
+            return HarnessEnd(term)
     why = podstate.lost(pod)
-    return ("lost", why) if why else None
+    return HarnessEnd({}, why) if why else None
 
 
-def _session_of(pod: dict) -> tuple[str, str, int] | None:
+def _session_of(pod: Pod) -> tuple[str, str, int] | None:
     ann = pod["metadata"].get("annotations") or {}
     try:
         return ann[names.PROBE], ann[names.SESSION], int(ann[names.ATTEMPT])
@@ -653,7 +679,7 @@ def _extract_safely(tar_path: Path, dest: Path, max_disk: int | None = None) -> 
     return skipped
 
 
-def _upload(spool: Path, store: Store, key: str) -> dict:
+def _upload(spool: Path, store: Store, key: str) -> StreamRecord:
     with open(spool, "rb") as f, store.writer(key) as w:
         while chunk := f.read(1 << 20):
             w.write(chunk)
@@ -661,7 +687,7 @@ def _upload(spool: Path, store: Store, key: str) -> dict:
     return {"key": key, "bytes": w.size, "sha256": w.sha256}
 
 
-def _upload_verified(spool: Path, store: Store, key: str, record: dict) -> dict:
+def _upload_verified(spool: Path, store: Store, key: str, record: ReaderRecord) -> StreamRecord:
     size, sha = spool.stat().st_size, digest.of_file(spool)
     if size != record["bytes"] or sha != record["sha256"]:
         raise ExecError(f"stream {key}: fetched {size} bytes {sha}, the reader recorded {record['bytes']} bytes {record['sha256']}")

@@ -59,7 +59,7 @@ from runner import harnesses, hooks
 from runner.clock import now
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
-from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot
+from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot, StreamRecord
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.gateway.local import LocalGateway
@@ -322,6 +322,7 @@ class LocalExecutor:
         try:
             with reader, writer, open(scratch / "stderr.log", "wb") as err, store.writer(keys.stream) as out:
                 try:
+                    assert self.loader is not None and self.seccomp_program is not None, "preflight() first"
                     with sandbox_fds(self.loader, self.seccomp_program) as fds:
                         proc = subprocess.Popen(self._bwrap_args(str(sealed.path), str(config_dir), str(log_dir), fds) + harness_argv(plan, s),
                                                 env=self._session_env(keys), stdin=subprocess.PIPE,
@@ -352,7 +353,7 @@ class LocalExecutor:
                     _killpg(proc)  # nothing the session started outlives it
                 out.commit()
                 hooks.stage("stream-stored")
-                stream = {"key": keys.stream, "bytes": out.size, "sha256": out.sha256}
+                stream: StreamRecord = {"key": keys.stream, "bytes": out.size, "sha256": out.sha256}
         finally:
             (config_dir / harnesses.HARNESS.credentials_file).unlink(missing_ok=True)
         ended_at = now()
@@ -362,7 +363,7 @@ class LocalExecutor:
         for f in log_dir.rglob("*"):
             if f.is_file() and not f.is_symlink():
                 store.put(f"{keys.prefix}/log/{f.relative_to(log_dir).as_posix()}", f.read_bytes())
-        return {
+        capture: CaptureRecord = {
             "executor": self.name,
             "confinement": self.confinement,
             "network_confined": False,
@@ -377,11 +378,13 @@ class LocalExecutor:
             "config_dir": CONFIG_DIR,
             "host_skills": host_skill_names(),
             "artifacts": collected,
-            **({"gateway": self.gateway.meter(keys)} if self.gateway is not None else {}),
         }
+        if self.gateway is not None:
+            capture["gateway"] = self.gateway.meter(keys)
+        return capture
 
 
-def _killpg(proc: subprocess.Popen) -> None:
+def _killpg(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

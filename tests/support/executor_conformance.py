@@ -9,7 +9,6 @@ campaign's order (preflight, prepare, run, finish, close) and nothing else."""
 from __future__ import annotations
 
 import hashlib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,9 +82,9 @@ class ExecutorConformance:
     def test_a_session_returns_a_whole_capture_record_and_its_verified_stream(self, ready):
         ran = run_one(ready, 0)
         record = ran.record
-        hints = typing.get_type_hints(CaptureRecord, include_extras=True)
-        required = {k for k, hint in hints.items() if typing.get_origin(hint) is not typing.NotRequired}
-        assert required <= set(record) <= set(hints), (required - set(record), set(record) - set(hints))
+        hints = CaptureRecord.__annotations__  # as written: the module's annotations are strings (ForwardRefs here)
+        required = {k for k, hint in hints.items() if not getattr(hint, "__forward_arg__", str(hint)).startswith("NotRequired[")}
+        assert required and required <= set(record) <= set(hints), (required - set(record), set(record) - set(hints))
         assert record["executor"] == ready.executor.name and record["confinement"] == ready.executor.confinement
         assert ran.started_before_stream == [True]  # journaled once, before anything was stored
         raw = ready.store.get(ran.keys.stream)
