@@ -21,7 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from terminal import on_a_terminal  # tests/ is on the path (tests/conftest.py)
+from support.cli import local_settings, probe_runner  # tests/ is on the path (tests/conftest.py)
+from terminal import on_a_terminal
 
 from runner.budget import books
 from runner.demo import CORPUS, PLAN, SCENARIOS
@@ -30,7 +31,6 @@ from runner.hooks import STAGES
 from runner.ledger import Ledger
 from runner.store.file import FileStore
 
-FAULTS = Path(__file__).parents[1] / "faults.py"
 ANSWER_COST = Decimal("0.1512")  # 50,000 input and 80 output tokens at $3 and $15 per million
 SESSION_COST = 3 * ANSWER_COST
 RESERVATION = Decimal("1.25")    # --session-budget-usd 0.5 + budget.call_usd 0.75
@@ -50,15 +50,12 @@ def env(tmp_path, scripted_provider, claude_command) -> dict[str, str]:
     for scenario in scenarios["scenarios"]:
         scenario["usage"] = {"input_tokens": 50000, "output_tokens": 80}
     provider = scripted_provider(scenarios)
-    return {**os.environ, "RUNNER_STORE": (tmp_path / "store").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
-            "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k",
-            "RUNNER_PROVIDER__BASE_URL": provider.base_url, "RUNNER_BUDGET__CALL_USD": "0.75",
-            "RUNNER_BUDGET__SESSION_USD": "0.5"}
+    return {**os.environ, **local_settings(tmp_path, claude_command[0]), "RUNNER_PROVIDER__BASE_URL": provider.base_url,
+            "RUNNER_BUDGET__CALL_USD": "0.75", "RUNNER_BUDGET__SESSION_USD": "0.5"}
 
 
 def cli(*args: str, env: dict[str, str], kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    head = [sys.executable, "-m", "runner"] if kill_at is None else [sys.executable, str(FAULTS), kill_at]
-    return subprocess.run([*head, *args], capture_output=True, text=True, env=env, timeout=300)
+    return probe_runner(*args, env=env, kill_at=kill_at)
 
 
 def _ledger(tmp_path: Path) -> Ledger:

@@ -12,20 +12,16 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from support.cli import local_settings, probe_runner  # tests/ is on the path (tests/conftest.py)
 
 from runner.demo import CORPUS, PLAN, SCENARIOS
 
-
-def cli(*args, env=None, cwd=None, timeout=300):
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
+cli = probe_runner
 
 
 @pytest.fixture
 def env(tmp_path, claude_command):
-    return {"RUNNER_STORE": (tmp_path / "store").as_uri(), "RUNNER_LOCAL__WORKDIR": str(tmp_path / "work"),
-            "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k"}
+    return local_settings(tmp_path, claude_command[0])
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["demo"], ["status"], ["report"], ["pull"], ["ledger"], ["ledger", "resume"]])

@@ -22,13 +22,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import boto3
 import pytest
+from support.cli import probe_runner  # tests/ is on the path (tests/conftest.py)
 
 from runner import layout
 from runner.demo import CORPUS, PLAN, SCENARIOS
@@ -38,8 +38,8 @@ from runner.settings import S3Settings
 from runner.store import NotFound, StoreError
 from runner.store.file import FileStore
 from runner.store.s3 import S3Store
+from tests.support.waiting import until
 
-FAULTS = Path(__file__).parents[1] / "faults.py"  # the CLI with a SIGKILL at one stage
 MIB = 1 << 20
 SESSION = "HW-PRB-0007/present-001"
 TURNS = 3  # main-loop requests of one whole session of the status-of-0052 scenario
@@ -47,8 +47,7 @@ TURNS = 3  # main-loop requests of one whole session of the status-of-0052 scena
 
 def cli(*args, env, timeout=180, kill_at=None):
     """probe-runner ARGS; with ``kill_at``, SIGKILLed at that stage (tests/faults.py)."""
-    head = [sys.executable, "-m", "runner"] if kill_at is None else [sys.executable, str(FAULTS), kill_at]
-    return subprocess.run([*head, *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=timeout)
+    return probe_runner(*args, env=env, timeout=timeout, kill_at=kill_at)
 
 
 @pytest.fixture
@@ -488,7 +487,4 @@ def test_a_writer_killed_with_an_earlier_part_in_flight_loses_no_byte(relay, tmp
 
 
 def _wait_for(condition, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    until(condition, seconds, "the condition")
