@@ -31,8 +31,10 @@ from typing import Any
 import pytest
 from teardown import sigterm_as_interrupt  # tests/teardown.py (tests/ is on the path: tests/conftest.py)
 
+from tests.support.builds import CONTROL_PLANE, build_while_collecting
+from tests.support.waiting import until
+
 HERE = Path(__file__).resolve().parent
-BUILD_SCRIPT = HERE / "build.sh"
 
 KWOK_GROUP = "kwok.x-k8s.io"
 KWOK_VERSION = "v1alpha1"
@@ -50,103 +52,14 @@ REGISTRY = Path(tempfile.gettempdir()) / "probe-runner-kwok-clusters"
 # Build (during collection, outside any per-test timeout)
 # --------------------------------------------------------------------------------------
 
-_build: dict[str, Any] = {}
-
-
-def _cache_root() -> Path:
-    base = os.environ.get("PROBE_RUNNER_CACHE") or str(Path.home() / ".cache" / "probe-runner")
-    return Path(base) / "cluster"
-
-
 def run_build() -> Path:
-    """Run build.sh (returns at once on a warm cache); return the bin dir or raise."""
-    if "bin" in _build:
-        return _build["bin"]
-    if "error" in _build:
-        raise RuntimeError(_build["error"])
-    root = _cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    log_path = root / "last-build.log"
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        # Its own process group, so that an interrupted session also stops the go builds
-        # it runs (build.sh then removes its temp dir; nothing half-built is ever cached).
-        proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
-                                stderr=log, start_new_session=True)
-        try:
-            out, _ = proc.communicate()
-        except BaseException:
-            _end_group(proc)
-            raise
-    elapsed = time.monotonic() - started
-    lines = out.decode(errors="replace").strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = log_path.read_text(errors="replace").splitlines()[-60:]
-        _build["error"] = (
-            f"tests/cluster/build.sh failed (exit {proc.returncode}, {elapsed:.0f}s); "
-            f"full log: {log_path}\n" + "\n".join(tail)
-        )
-        raise RuntimeError(_build["error"])
-    bin_dir = Path(lines[-1])
-    missing = [
-        b
-        for b in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-                  "kubectl", "kwok", "kwokctl")
-        if not os.access(bin_dir / b, os.X_OK)
-    ]
-    if missing:
-        _build["error"] = f"build.sh printed {bin_dir} but it lacks {missing}"
-        raise RuntimeError(_build["error"])
-    _build["bin"] = bin_dir
-    _build["seconds"] = elapsed
-    return bin_dir
-
-
-def _end_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group led by ``proc`` (started by us), then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """The control plane's binaries (build.sh; at once on a warm cache), or BuildFailed."""
+    return CONTROL_PLANE.run()
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    if config.option.collectonly:
-        return
-    if not any(Path(item.path).resolve().is_relative_to(HERE) for item in items):
-        return
-    capman = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-
-    def say(msg: str) -> None:
-        if reporter is not None:
-            reporter.write_line(msg)
-
-    ctx = capman.global_and_fixture_disabled() if capman else _nullcontext()
-    with ctx:
-        say(f"tests/cluster: ensuring control-plane binaries (build.sh; cache {_cache_root()}; "
-            f"a cold build takes ~11 min, log in {_cache_root() / 'last-build.log'})")
-        try:
-            bin_dir = run_build()
-        except RuntimeError as exc:  # reported by the fixture, on every test of this dir
-            say(f"tests/cluster: BUILD FAILED: {str(exc).splitlines()[0]}")
-        else:
-            say(f"tests/cluster: binaries in {bin_dir} ({_build['seconds']:.1f}s)")
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    build_while_collecting(config, items, HERE, [CONTROL_PLANE], note=", a cold build takes ~11 min")
 
 
 # --------------------------------------------------------------------------------------
@@ -273,12 +186,9 @@ class KubeCluster:
         """Create a namespace and wait for its ``default`` ServiceAccount (created by the
         real controller-manager; pods cannot be admitted before it exists)."""
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0:
-                return name
-            time.sleep(0.2)
-        raise AssertionError(f"namespace {name}: no default ServiceAccount after {timeout}s")
+        until(lambda: self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
+              timeout, f"namespace {name}'s default ServiceAccount", interval=0.2)
+        return name
 
     def add_nodes(self, n: int, prefix: str = "kwok-node", labels: Mapping[str, str] | None = None,
                   taints: Sequence[Mapping[str, str]] = (), cpu: str = "32",
@@ -517,14 +427,7 @@ def _kwokctl(bin_dir: Path, env: dict[str, str], config: Path, *args: str,
 
 @pytest.fixture(scope="session")
 def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeCluster]:
-    try:
-        bin_dir = run_build()
-    except RuntimeError as exc:
-        failure = f"cannot build the test control plane:\n{exc}"
-    else:
-        failure = None
-    if failure:
-        pytest.fail(failure, pytrace=False)
+    bin_dir = CONTROL_PLANE.built()
     with start_cluster(bin_dir, tmp_path_factory.mktemp("kwok")) as cluster:
         yield cluster
 

@@ -35,6 +35,7 @@ from runner.k8s import jobs, names
 from runner.ledger import Ledger
 from runner.settings import Settings
 from runner.store import open_store
+from tests.support.waiting import until
 
 sys.path.insert(0, str(Path(__file__).parent))
 from simnode import SimNode  # noqa: E402
@@ -122,10 +123,9 @@ def install(kube_cluster, bucket):
     kube_cluster.add_nodes(3, prefix=f"chart-{uid}")
     kube_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
-    deadline = time.monotonic() + 30  # pods are admitted once the namespace's default ServiceAccount exists
-    while kube_cluster.kubectl("-n", namespace, "get", "serviceaccount", "default", check=False).returncode:
-        assert time.monotonic() < deadline, f"namespace {namespace}: no default ServiceAccount"
-        time.sleep(0.2)
+    # pods are admitted once the namespace's default ServiceAccount exists
+    until(lambda: kube_cluster.kubectl("-n", namespace, "get", "serviceaccount", "default", check=False).returncode == 0,
+          30, f"namespace {namespace}'s default ServiceAccount", interval=0.2)
     kube_cluster.apply([
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": namespace},
          "stringData": {"api-key": "demo-key"}},
@@ -216,10 +216,9 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     # The API server's ServiceAccount admission projected a token into the controller's pod only.
     core = client.CoreV1Api(kube_cluster.api_client())
     for action, token in (("controller", True), ("transform", False)):
-        deadline = time.monotonic() + 30
-        while not (pods := core.list_namespaced_pod(namespace, label_selector=f"job-name={jobs.job_name(campaign, action)}").items):
-            assert time.monotonic() < deadline, f"the {action} Job made no pod"
-            time.sleep(0.3)
+        selector = f"job-name={jobs.job_name(campaign, action)}"
+        pods = until(lambda: core.list_namespaced_pod(namespace, label_selector=selector).items, 30,  # noqa: B023
+                     f"a pod of the {action} Job", interval=0.3)
         assert any(v.name.startswith("kube-api-access-") for v in pods[0].spec.volumes) is token, action
     # The install's bucket is where the plan goes and what the Job reads, whatever the workstation says.
     elsewhere = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--store", (tmp_path / "s").as_uri())
@@ -446,10 +445,8 @@ def test_deleting_the_controller_job_deletes_its_session_pods(kube_cluster, inst
     campaign = f"owned-{secrets.token_hex(3)}"
     settings = chart.settings_of(objs, release)
     job = client.BatchV1Api(kube_cluster.api_client()).create_namespaced_job(namespace, jobs.controller_job(settings, campaign))
-    deadline = time.monotonic() + 60
-    while not (job_pods := admin.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job.metadata.name}").items):
-        assert time.monotonic() < deadline, "the Job controller made no pod"
-        time.sleep(0.2)
+    job_pods = until(lambda: admin.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job.metadata.name}").items,
+                     60, "a pod the Job controller makes", interval=0.2)
     labels = job_pods[0].metadata.labels
     # what RUNNER_KUBE__OWNER_JOB and RUNNER_KUBE__OWNER_UID read through the downward API
     owner = {"owner_job": labels["batch.kubernetes.io/job-name"], "owner_uid": labels["batch.kubernetes.io/controller-uid"]}
@@ -467,10 +464,8 @@ def test_deleting_the_controller_job_deletes_its_session_pods(kube_cluster, inst
     client.BatchV1Api(kube_cluster.api_client()).delete_namespaced_job(job.metadata.name, namespace,
                                                                        propagation_policy="Background")
     gone = {session["metadata"]["name"], canary["metadata"]["name"]}
-    deadline = time.monotonic() + 90
-    while gone & {p.metadata.name for p in admin.list_namespaced_pod(namespace).items}:
-        assert time.monotonic() < deadline, f"still there after the Job was deleted: {sorted(gone)}"
-        time.sleep(0.5)
+    until(lambda: not gone & {p.metadata.name for p in admin.list_namespaced_pod(namespace).items}, 90,
+          f"{sorted(gone)} gone after the Job was deleted", interval=0.5)
     left = admin.read_namespaced_pod(before["metadata"]["name"], namespace)  # the control: nothing owns it
     assert left.metadata.deletion_timestamp is None
     admin.delete_namespaced_pod(before["metadata"]["name"], namespace, grace_period_seconds=0)

@@ -17,6 +17,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL
 
+from tests.support.waiting import until
+
 sys.path.insert(0, str(Path(__file__).parent))
 from relay import Relay  # noqa: E402
 
@@ -170,9 +172,7 @@ def test_logs_follow_streams_appended_lines(kube_cluster, core: client.CoreV1Api
 
     t = threading.Thread(target=reader, daemon=True)
     t.start()
-    deadline = time.monotonic() + 15
-    while "first" not in got and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: "first" in got, 15, "the first line", seen=lambda: got)
     assert got[:1] == ["first"], got
     # The stream stays open: lines appended later arrive on it.
     kube_cluster.write_cri_log(log_file, ["second", "third"], append=True)

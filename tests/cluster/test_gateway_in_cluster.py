@@ -38,6 +38,7 @@ from runner.plan import parse_plan
 from runner.settings import KubeSettings, load_settings
 from runner.store import open_store
 from runner.stream import money
+from tests.support.waiting import until
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ports import free_port  # noqa: E402  (tests/ is on sys.path: tests/conftest.py)
@@ -148,11 +149,7 @@ def _session_pod(kube: Kube, campaign: str, session: str = "present-001") -> str
 
 
 def _wait(what: str, ok, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while not (got := ok()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
-        time.sleep(0.2)
-    return got
+    return until(ok, timeout, what, interval=0.2)
 
 
 def test_a_token_is_served_while_its_attempts_pod_runs_and_refused_before_and_after(kube_cluster, nodes, namespace):  # noqa: F811

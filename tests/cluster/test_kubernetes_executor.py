@@ -41,6 +41,7 @@ from relay import Relay  # noqa: E402
 from simnode import Replay, SimNode, as_in_pod  # noqa: E402
 
 from tests.support.executor_conformance import Conformant, ExecutorConformance  # noqa: E402
+from tests.support.waiting import until
 
 REAL_STREAM = Path(__file__).parents[1] / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 
@@ -167,10 +168,8 @@ def _pods(kube_cluster, namespace: str) -> list:
 
 
 def _wait_no_pods(kube_cluster, namespace: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while _pods(kube_cluster, namespace) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert not _pods(kube_cluster, namespace), "session pods were left behind"
+    until(lambda: not _pods(kube_cluster, namespace), timeout, "the session pods gone", interval=0.3,
+          seen=lambda: [p.metadata.name for p in _pods(kube_cluster, namespace)])
 
 
 def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace, sim_root, tmp_path,

@@ -25,6 +25,7 @@ from ports import free_port
 from wire import read_head
 
 from runner.k8s.egress import squid_conf, squid_entrypoint
+from tests.support.waiting import until
 
 PROVIDER = "provider.test"
 NOBODY = 65534
@@ -274,8 +275,6 @@ def test_each_tunnel_is_logged_with_the_server_name_it_asked_for(proxy, upstream
     with ctx.wrap_socket(sock, server_hostname=PROVIDER) as tls:
         tls.sendall(b"ping")
         assert tls.recv(100) == b"upstream:ping"
-    deadline = time.monotonic() + 10  # the line is written when the tunnel closes
-    while not any(f"CONNECT {PROVIDER}:{upstream.port} sni={PROVIDER} " in line
-                  for line in ACCESS_LOG[0].read_text().splitlines()):
-        assert time.monotonic() < deadline, ACCESS_LOG[0].read_text()[-2000:]
-        time.sleep(0.1)
+    until(lambda: any(f"CONNECT {PROVIDER}:{upstream.port} sni={PROVIDER} " in line  # written when the tunnel closes
+                      for line in ACCESS_LOG[0].read_text().splitlines()),
+          10, "the tunnel's access log line", interval=0.1, seen=lambda: ACCESS_LOG[0].read_text()[-2000:])

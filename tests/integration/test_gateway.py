@@ -31,6 +31,7 @@ from runner.ledger import Ledger
 from runner.settings import DEFAULT_PRICES
 from runner.store.file import FileStore
 from runner.stream import money
+from tests.support.waiting import until
 
 MODEL = "claude-sonnet-4-5-20250929"
 TASK_MATCH = "status of decision HW-DR-0052"  # the demo's HW-PRB-0007 task
@@ -268,9 +269,7 @@ def test_concurrent_calls_of_one_session_cannot_pass_its_limit_together(gateway,
     threads = [threading.Thread(target=call) for _ in range(5)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 10
-    while len(statuses) < 4 and time.monotonic() < deadline:  # the refused ones answer at once
-        time.sleep(0.05)
+    until(lambda: len(statuses) >= 4, 10, "the refused calls' answers", seen=lambda: statuses)  # they answer at once
     _Upstream.go.set()  # the one forwarded may now finish
     for t in threads:
         t.join(20)
@@ -295,9 +294,7 @@ def test_no_call_is_left_in_flight_by_a_client_that_goes_or_a_body_too_large(gat
     conn.close()  # ... and goes after its first chunk
     _Upstream.go.set()
     meter = g.meters[("camp", "P-1", "s-001", 1)]
-    deadline = time.monotonic() + 10
-    while (meter.in_flight or not meter.calls) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: not meter.in_flight and meter.calls, 10, "the call metered and none in flight")
     assert meter.in_flight == 0 and meter.calls == 1
 
 

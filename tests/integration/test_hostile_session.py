@@ -34,6 +34,7 @@ from runner.ledger import Ledger
 from runner.settings import DEFAULT_PRICES, GatewaySettings
 from runner.store.file import FileStore
 from runner.stream import money
+from tests.support.waiting import until
 
 MODEL = "claude-sonnet-4-5"
 OUT = 50_000  # what the upstream's answers state as output: $0.75 at Sonnet's $15 per million
@@ -104,13 +105,9 @@ def _post(url: str, token: str, body: bytes, path: str = "/v1/messages?beta=true
 
 def _settled(g: Gateway, session: str = "s-001") -> dict:
     """The attempt's meter once no call of it is in flight."""
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        m = g.meters.get(("camp", "P-1", session, 1))
-        if m is not None and m.in_flight == 0:
-            return g.meter(("camp", "P-1", session, 1))
-        time.sleep(0.05)
-    raise AssertionError("a call stayed in flight")
+    until(lambda: (m := g.meters.get(("camp", "P-1", session, 1))) is not None and m.in_flight == 0, 15,
+          "no call of the session in flight")
+    return g.meter(("camp", "P-1", session, 1))
 
 
 @pytest.mark.parametrize("case, body, extra, reason", [

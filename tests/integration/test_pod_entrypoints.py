@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from runner.entrypoints import pod
+from tests.support.waiting import until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,9 +48,7 @@ def test_reader_socket_is_connectable_by_another_uid_from_the_moment_it_exists(t
         # as the harness connects: a refusal between bind and listen is retried, EACCES is not
         with pod._connect(sock_dir / "stdout.sock", 10) as s:
             s.sendall(b'{"type":"system"}\n')
-        deadline = time.monotonic() + 10
-        while not (capture / "record.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until((capture / "record.json").exists, 10, "the reader's record")
         record = json.loads((capture / "record.json").read_text())
         assert record["bytes"] == 18 and record["eof"] is True
         assert (capture / "stream.jsonl").read_bytes() == b'{"type":"system"}\n'

@@ -24,11 +24,8 @@ import importlib.util
 import json
 import logging
 import os
-import signal
 import ssl
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,12 +34,14 @@ from typing import Any
 import pytest
 from teardown import sigterm_as_interrupt  # tests/teardown.py (tests/ is on the path: tests/conftest.py)
 
+from tests.support.builds import CONTROL_PLANE, Build, build_while_collecting, cache_root
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-BUILDS = {  # name -> (script, what its stdout's last line is)
-    "cluster": REPO / "tests" / "cluster" / "build.sh",
-    "node": HERE / "build.sh",
-    "images": HERE / "images.sh",
+BUILDS = {  # the control plane, shared with tests/cluster; the node's binaries; the images
+    "cluster": CONTROL_PLANE,
+    "node": Build("the node's binaries", HERE / "build.sh", cache_root() / "last-node-build.log"),
+    "images": Build("the images", HERE / "images.sh", cache_root() / "last-images-build.log"),
 }
 PROVIDER_HOST = "api.provider.test"
 OTHER_HOST = "other.provider.test"
@@ -72,69 +71,13 @@ import test_channel as channel  # noqa: E402
 
 # ---- builds (during collection, outside any per-test timeout) -------------------------------
 
-_built: dict[str, Path] = {}
-_failed: dict[str, str] = {}
-
-
-def _cache_root() -> Path:
-    return Path(os.environ.get("PROBE_RUNNER_CACHE") or Path.home() / ".cache" / "probe-runner")
-
-
-def run_build(name: str) -> Path:
-    if name in _built:
-        return _built[name]
-    if name in _failed:
-        raise RuntimeError(_failed[name])
-    log_path = _cache_root() / f"last-{name}-build.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with open(log_path, "wb") as log:
-        # Its own process group, so an interrupted session also stops the builds it started.
-        proc = subprocess.Popen(["bash", str(BUILDS[name])], stdout=subprocess.PIPE, stderr=log,
-                                start_new_session=True)
-        try:
-            out, _ = proc.communicate()
-        except BaseException:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
-            raise
-    lines = out.decode(errors="replace").strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-60:])
-        _failed[name] = (f"{BUILDS[name].relative_to(REPO)} failed (exit {proc.returncode}, "
-                         f"{time.monotonic() - started:.0f}s); full log: {log_path}\n{tail}")
-        raise RuntimeError(_failed[name])
-    _built[name] = Path(lines[-1])
-    return _built[name]
-
-
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
-    if config.option.collectonly or not any(Path(i.path).resolve().is_relative_to(HERE) for i in items):
-        return
-    capman = config.pluginmanager.getplugin("capturemanager")
-    reporter = config.pluginmanager.getplugin("terminalreporter")
-    with capman.global_and_fixture_disabled():
-        for name in BUILDS:
-            started = time.monotonic()
-            if reporter:
-                reporter.write_line(f"tests/node: ensuring {name} build ({BUILDS[name].relative_to(REPO)}; "
-                                    f"log {_cache_root() / f'last-{name}-build.log'})")
-            try:
-                out = run_build(name)
-            except RuntimeError as exc:  # reported by the fixtures, on every test here
-                if reporter:
-                    reporter.write_line(f"tests/node: {name} BUILD FAILED: {str(exc).splitlines()[0]}")
-            else:
-                if reporter:
-                    reporter.write_line(f"tests/node: {name}: {out} ({time.monotonic() - started:.1f}s)")
+    build_while_collecting(config, items, HERE, BUILDS.values())
 
 
 def built(name: str) -> Path:
-    try:
-        return run_build(name)
-    except RuntimeError as exc:
-        pytest.fail(f"cannot build the node tier:\n{exc}", pytrace=False)
+    return BUILDS[name].built()
 
 
 def image_archives() -> dict[str, dict[str, str]]:

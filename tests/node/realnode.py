@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ports import free_port  # tests/ is on the path (tests/conftest.py, bench/realnode.py)
+from support.waiting import until
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -258,11 +259,8 @@ class RealNode:
         ServiceAccount exists (pods are admitted only then)."""
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
             "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
-        deadline = time.monotonic() + 30
-        while self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"namespace {name}: no default ServiceAccount")
-            time.sleep(0.2)
+        until(lambda: self.kubectl("-n", name, "get", "serviceaccount", "default", check=False).returncode == 0,
+              30, f"namespace {name}'s default ServiceAccount", interval=0.2)
         return name
 
     def api_client(self) -> Any:

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 
 import pytest
 
 from runner.k8s import manifests, podstate
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _wait_done(node, ns: str, name: str, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        pod = json.loads(node.kubectl("-n", ns, "get", "pod", name, "-o", "json").stdout)
-        if pod["status"].get("phase") in ("Succeeded", "Failed"):
-            return pod
-        assert time.monotonic() < deadline, f"{name} not done: {json.dumps(pod['status'])[:2000]}"
-        time.sleep(0.5)
+    def pod() -> dict:
+        return json.loads(node.kubectl("-n", ns, "get", "pod", name, "-o", "json").stdout)
+
+    return until(lambda: (p := pod())["status"].get("phase") in ("Succeeded", "Failed") and p, timeout, f"{name} done",
+                 interval=0.5, seen=lambda: json.dumps(pod()["status"])[:2000])
 
 
 @pytest.mark.parametrize("image,uid,command,expect", [

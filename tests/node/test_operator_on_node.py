@@ -29,7 +29,6 @@ import secrets
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from runner.k8s import names
 from runner.ledger import Ledger
 from runner.settings import Settings
 from runner.store import open_store
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(2400)
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -242,11 +242,9 @@ def test_an_operators_second_day_follows_the_readme_to_where_it_says_each_story_
         op.plan(resume_campaign, probes=json.loads(demo.PLAN.read_text())["probes"][:1], arms=["present"], repetitions=3)
         op.run("probe-runner submit plan.json --corpus ../corpus", timeout=120)
         selector = names.selector_string(names.selector(NS, names.SESSION_COMPONENT, resume_campaign))
-        deadline = time.monotonic() + 300
-        while not [p for p in json.loads(node.kubectl("-n", NS, "get", "pods", "-l", selector, "-o", "json").stdout)["items"]
-                   if names.CANARY not in (p["metadata"].get("annotations") or {})]:  # the canary has their labels
-            assert time.monotonic() < deadline, "no session pod within 300 s"
-            time.sleep(0.2)
+        until(lambda: [p for p in json.loads(node.kubectl("-n", NS, "get", "pods", "-l", selector, "-o", "json").stdout)["items"]
+                       if names.CANARY not in (p["metadata"].get("annotations") or {})],  # the canary has their labels
+              300, "a session pod", interval=0.2)
         provider.server.api_key, provider.server.refusal_status = SECOND_KEY, 403  # its first call is seconds away
         stopped = _watch(op, resume_campaign, 2)
         match = re.search(rf"`probe-runner ledger resume {resume_campaign} ((?:\S+/\S+ )+)--job`", stopped)

@@ -5,8 +5,6 @@ restart named), not as a route that failed (exit 12), before the first session a
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from runner.errors import ConfinementError, KeyRefused
@@ -14,6 +12,7 @@ from runner.k8s import canary
 from runner.k8s.confinement import ConfinementMonitor
 from runner.k8s.manifests import Route
 from runner.settings import load_settings
+from tests.support.waiting import until
 
 GATEWAY = canary.Result("the provider gateway", "10.0.0.1:8080", True, True, "answered HTTP/1.1 200")
 ACCEPTED = canary.Result(canary.KEY_ROUTE, "10.0.0.1:8080", True, True, "accepted (a token count, nothing spent)")
@@ -67,10 +66,7 @@ def test_a_later_check_halts_with_whose_matter_it_is(later, key):
     m = _monitor([GATEWAY, ACCEPTED], later, interval=0.05)
     m.start()
     try:
-        deadline = time.monotonic() + 10
-        while m.halted is None:
-            assert time.monotonic() < deadline, "no halt"
-            time.sleep(0.02)
+        until(lambda: m.halted is not None, 10, "the monitor's halt", interval=0.02)
     finally:
         m.stop()
     assert m.halted_on_key is key and m.halted.startswith("confinement check 2 at "), m.halted
