@@ -5,7 +5,7 @@ fixtures (tests/data/captures/, the scripted provider's record), nowhere else.""
 from __future__ import annotations
 
 from runner.harnesses.claude_code import api, command, init, results, signals, stream, workspace
-from runner.harnesses.contract import Harness, Tools
+from runner.harnesses.contract import Harness
 
 HARNESS = Harness(
     name="Claude Code",
@@ -20,20 +20,7 @@ HARNESS = Harness(
     credentials_file=command.CREDENTIALS_FILE,
     host_skill_dirs=command.host_skill_dirs,
     parse=stream.parse,
-    tools=Tools(
-        writes=stream.WRITE_TOOLS,
-        reads=stream.READ_TOOLS,
-        searches=stream.SEARCH_TOOLS,
-        lists=frozenset({"LS"}),
-        path_patterns={"Glob": "pattern"},
-        shells={"Bash": "command"},
-        # one shell's working directory across the Bash calls, put back at the workspace after a
-        # call that leaves it (seen through the real CLI: "Shell cwd was reset to ...")
-        shell_keeps_cwd=True,
-        mcp_prefix="mcp__",
-        argument_keys=stream.ARGUMENT_KEYS,
-        path_input_keys=stream.PATH_INPUT_KEYS,
-    ),
+    tools=stream.TOOLS,
     rule_tools=command.tool_names,
     read_view=stream.cli_view,
     init_refusals=init.refusals,

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from runner import digest
+from runner.harnesses.contract import Tools
 from runner.stream import (
     BYTES,
     MAX_COST_PLACES,
@@ -88,6 +89,15 @@ ARGUMENT_KEYS: dict[str, tuple[str, ...]] = {
 # TaskStop names the task or, in older CLIs, the shell: either identifies it.
 _ANY_OF = {"TaskStop"}
 PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
+# The vocabulary as the transform reads it (runner/harnesses/contract.py's Tools).
+TOOLS = Tools(
+    writes=WRITE_TOOLS, reads=READ_TOOLS, searches=SEARCH_TOOLS, lists=frozenset({"LS"}),
+    path_patterns={"Glob": "pattern"}, shells={"Bash": "command"},
+    # one shell's working directory across the Bash calls, put back at the workspace after a call
+    # that leaves it (seen through the real CLI: "Shell cwd was reset to ...")
+    shell_keeps_cwd=True,
+    mcp_prefix="mcp__", argument_keys=ARGUMENT_KEYS, path_input_keys=PATH_INPUT_KEYS,
+)
 
 # Deeper than this, a tool input or a tool result's content is refused: canonical JSON of it is
 # written with the recursive json encoder, and real inputs nest a handful of levels.
