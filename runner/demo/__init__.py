@@ -6,10 +6,11 @@ the real Claude Code CLI and no account.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from runner.plan import parse_plan
+from runner.plan import Plan, parse_plan
 from runner.settings import Settings
 
 HERE = Path(__file__).parent
@@ -18,7 +19,7 @@ PLAN = HERE / "plan.json"
 SCENARIOS = HERE / "scenarios.json"
 
 
-def run_demo(settings: Settings, run) -> int:
+def run_demo(settings: Settings, run: Callable[[Settings, Plan, Path], int]) -> int:
     """``run(settings, plan, corpus)`` runs the campaign: the CLI's one path of every command that runs sessions."""
     from pydantic import SecretStr
 

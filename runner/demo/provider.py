@@ -101,7 +101,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "ScenarioError",
@@ -502,8 +502,10 @@ def _schema_example(schema: Any, depth: int = 0) -> Any:
     if isinstance(stype, list):
         stype = next((t for t in stype if t != "null"), stype[0] if stype else "string")
     if stype == "object" or "properties" in schema:
-        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        required = schema.get("required") if isinstance(schema.get("required"), list) else list(props)
+        props = schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = schema.get("required")
+        required = required if isinstance(required, list) else list(props)
         return {k: _schema_example(props.get(k, {}), depth + 1) for k in required}
     if stype == "array":
         n = schema.get("minItems", 0) if isinstance(schema.get("minItems"), int) else 0
@@ -697,9 +699,12 @@ class ScriptedProvider:
         Handler.provider = provider
         self._tls = tls
         self._server_name = server_name
-        self._server = (_TlsServer if tls else ThreadingHTTPServer)((host, port), Handler)
         if tls:
-            self._server.tls = tls
+            server = _TlsServer((host, port), Handler)
+            server.tls = tls
+            self._server: ThreadingHTTPServer = server
+        else:
+            self._server = ThreadingHTTPServer((host, port), Handler)
         self._server.daemon_threads = True
         # Large backlog: the CLI opens several connections at start-up.
         self._server.request_queue_size = 64
@@ -708,7 +713,7 @@ class ScriptedProvider:
 
     @property
     def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
+        host, port = cast("tuple[str, int]", self._server.server_address[:2])  # an AF_INET server's
         if self._tls is None:
             return f"http://{host}:{port}"
         return f"https://{self._server_name or host}" + ("" if port == 443 else f":{port}")
@@ -795,16 +800,18 @@ class ScriptedProvider:
     def build_answer(
         self, body: Mapping[str, Any], scenario: Scenario | None, turn: Turn | None
     ) -> Answer:
-        requested = body.get("model") if isinstance(body.get("model"), str) else "claude-scripted"
+        asked = body.get("model")
+        requested = asked if isinstance(asked, str) else "claude-scripted"
         model = (scenario.model if scenario and scenario.model else None) or requested
         usage = dict(scenario.usage if scenario else _DEFAULT_USAGE)
+        content: list[dict[str, Any]]
         if turn is None:
             content = [{"type": "text", "text": EXHAUSTED_TEXT}]
             return Answer(content, model, "end_turn", usage)
         if turn.usage:
             usage.update(turn.usage)
         cwd = extract_cwd(body)
-        content: list[dict[str, Any]] = []
+        content = []
         if turn.text is not None:
             content.append({"type": "text", "text": turn.text})
         for use in turn.tool_uses:
@@ -868,7 +875,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: Any, extra: Mapping[str, str] = {}) -> None:
         self._send(status, json.dumps(obj).encode(), "application/json", extra)
 
-    def _error(self, status: int, etype: str, message: str, extra: Mapping[str, str] = {}) -> None:
+    def _error(self, status: int, etype: str | None, message: str | None, extra: Mapping[str, str] = {}) -> None:
         self._json(status, {"type": "error", "error": {"type": etype, "message": message}}, extra)
 
     def _base_record(self, raw: bytes) -> dict[str, Any]:
@@ -958,7 +965,8 @@ class _Handler(BaseHTTPRequestHandler):
         stream = bool(body.get("stream"))
         if not is_main_loop(body):
             rec["kind"] = "auxiliary"
-            requested = body.get("model") if isinstance(body.get("model"), str) else "claude-scripted"
+            asked = body.get("model")
+            requested = asked if isinstance(asked, str) else "claude-scripted"
             # Zero usage: the CLI adds side queries to total_cost_usd and modelUsage, and a
             # scenario's cost should not depend on whether the CLI asked for a title.
             answer = Answer([{"type": "text", "text": auxiliary_text(body)}], requested,
@@ -979,6 +987,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if decision == "error":
             turn: Turn = payload
+            assert turn.error_status is not None  # plan() answers "error" with an error turn only
             rec["status"] = turn.error_status
             extra = {}
             if turn.retry_after is not None:

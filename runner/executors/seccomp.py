@@ -29,6 +29,7 @@ import ctypes
 import errno
 import os
 import struct
+from collections.abc import Callable
 
 BLOCKED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd")
 
@@ -101,8 +102,10 @@ def install(prog: bytes) -> None:
     """
     libc = ctypes.CDLL(None, use_errno=True)
     fprog = _SockFprog(len(prog) // 8, prog)
-    for what, result in (("PR_SET_NO_NEW_PRIVS", lambda: libc.prctl(38, 1, 0, 0, 0)),
-                         ("PR_SET_SECCOMP", lambda: libc.prctl(22, 2, ctypes.byref(fprog), 0, 0))):  # mode FILTER
+    steps: tuple[tuple[str, Callable[[], int]], ...] = (
+        ("PR_SET_NO_NEW_PRIVS", lambda: libc.prctl(38, 1, 0, 0, 0)),
+        ("PR_SET_SECCOMP", lambda: libc.prctl(22, 2, ctypes.byref(fprog), 0, 0)))  # mode FILTER
+    for what, result in steps:
         if result() != 0:
             err = ctypes.get_errno()
             raise OSError(err, f"prctl({what}): {os.strerror(err)}")

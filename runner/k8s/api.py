@@ -22,8 +22,9 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import certifi
 import urllib3
@@ -42,6 +43,9 @@ from runner.settings import KubeSettings
 # Every request says who sent it, so an operator (or the scale bench) can tell the runner's
 # calls from everyone else's in the API server's audit log.
 USER_AGENT = f"probe-runner/{__version__}"
+R = TypeVar("R")
+# An object as the API sends it and as the runner writes its manifests: plain JSON, camelCase.
+Obj = dict[str, Any]
 
 
 class QuotaExceeded(Exception):
@@ -58,7 +62,8 @@ class ExecError(Exception):
 
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
-        return exc.status == 0 or exc.status == 429 or exc.status >= 500
+        status: int = exc.status
+        return status == 0 or status == 429 or status >= 500
     return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ExecError))
 
 
@@ -109,7 +114,7 @@ def _named(api: client.ApiClient) -> client.ApiClient:
     return api
 
 
-def _bounded_websocket_call(configuration: client.Configuration, method: str, url: str, headers: dict | None = None,
+def _bounded_websocket_call(configuration: client.Configuration, method: str, url: str, headers: dict[str, str] | None = None,
                             _request_timeout: float | None = None, **_: object) -> ws_client.WSClient:
     """The exec transport of ``stream()`` (ws_client.websocket_call), with the connect bounded
     by ``_request_timeout``: the library's own opens the websocket blocking with no timeout.
@@ -121,13 +126,14 @@ def _bounded_websocket_call(configuration: client.Configuration, method: str, ur
         raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from None
 
 
-def _open_websocket(configuration: client.Configuration, url: str, headers: dict, timeout: float | None) -> websocket.WebSocket:
+def _open_websocket(configuration: client.Configuration, url: str, headers: dict[str, str],
+                    timeout: float | None) -> websocket.WebSocket:
     """ws_client.create_websocket, with ``timeout`` on the connect (TCP, TLS, the upgrade)."""
     header = [f"authorization: {headers['authorization']}"] if "authorization" in headers else []
     header.append(f"user-agent: {headers.get('User-Agent') or USER_AGENT}")
     header.append(f"sec-websocket-protocol: {headers.get('sec-websocket-protocol') or f'{ws_client.V5_CHANNEL_PROTOCOL},{ws_client.V4_CHANNEL_PROTOCOL}'}")
     if url.startswith("wss://") and configuration.verify_ssl:
-        ssl_opts: dict = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": configuration.ssl_ca_cert or certifi.where()}
+        ssl_opts: dict[str, object] = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": configuration.ssl_ca_cert or certifi.where()}
         if configuration.assert_hostname is not None:
             ssl_opts["check_hostname"] = configuration.assert_hostname
     else:
@@ -138,7 +144,7 @@ def _open_websocket(configuration: client.Configuration, url: str, headers: dict
         ssl_opts["keyfile"] = configuration.key_file
     if configuration.tls_server_name:
         ssl_opts["server_hostname"] = configuration.tls_server_name
-    connect_opt: dict = {"header": header, "timeout": timeout}
+    connect_opt: dict[str, Any] = {"header": header, "timeout": timeout}
     if configuration.proxy or configuration.proxy_headers:
         connect_opt = ws_client.websocket_proxycare(connect_opt, configuration, url, headers)
     sock = websocket.WebSocket(sslopt=ssl_opts, skip_utf8_validation=False)
@@ -151,11 +157,12 @@ class _ConnectedWSClient(ws_client.WSClient):
     connects, with no timeout); the attributes are those WSClient.__init__ sets."""
 
     def __init__(self, sock: websocket.WebSocket) -> None:
-        self._channels: dict = {}
-        self._closed_channels: set = set()
+        self._channels: dict[int, bytes] = {}
+        self._closed_channels: set[int] = set()
         self.binary = True
         self.newline = b"\n"
-        self._all = ws_client._IgnoredIO()
+        # as WSClient.__init__ sets it without capture_all; the attribute's inferred type misses it
+        self._all = ws_client._IgnoredIO()  # type: ignore[assignment]
         self.sock = sock
         self.subprotocol = getattr(sock, "subprotocol", None) or next(
             (v for k, v in (sock.getheaders() or {}).items() if k.lower() == "sec-websocket-protocol"), None)
@@ -188,15 +195,19 @@ class Kube:
             api = self._exec_local.api = client.CoreV1Api(_named(client.ApiClient(self._exec_config)))
         return api
 
-    def call(self, fn, *args, **kwargs):
+    def call(self, fn: Callable[..., R], *args: object, **kwargs: object) -> R:
+        """``fn(*args, **kwargs)`` under the retry policy. Its arguments are not checked against
+        the client's signatures: those name the client's model classes as bodies, where the runner
+        sends plain manifests, which the client serializes as they are."""
         for attempt in self.retry.retrying():
             with attempt:
                 self.tally.add("API requests", attempt.retry_state.attempt_number)
                 return fn(*args, **kwargs)
+        raise AssertionError("unreachable: the retry policy ends by returning or raising")
 
     # ---- pods --------------------------------------------------------------------------
 
-    def create_pod(self, manifest: dict) -> bool:
+    def create_pod(self, manifest: Obj) -> bool:
         """Create; False when a pod of that name exists already (ours: names are deterministic)."""
         try:
             self.call(self.core.create_namespaced_pod, self.namespace, manifest, _request_timeout=30)
@@ -216,14 +227,15 @@ class Kube:
             if e.status != 404:
                 raise
 
-    def list_pods(self, label_selector: str) -> tuple[list[dict], str]:
+    def list_pods(self, label_selector: str) -> tuple[list[Obj], str | None]:
         """Pods as plain dicts (camelCase, as the API sends them) and the list's resourceVersion."""
         resp = self.call(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,
                          _request_timeout=60)
-        items = [self.api_client.sanitize_for_serialization(p) for p in resp.items]
+        items: list[Obj] = [self.api_client.sanitize_for_serialization(p) for p in resp.items]
+        assert resp.metadata is not None, "the API server sends every list with its metadata"
         return items, resp.metadata.resource_version
 
-    def watch_pods(self, label_selector: str, resource_version: str) -> Iterator[dict]:
+    def watch_pods(self, label_selector: str, resource_version: str | None) -> Iterator[Obj]:
         """Events from ``resource_version`` on, as dicts ``{"type", "object"}``; ends when the
         server closes the watch. A 410 Gone surfaces as ApiException(410) for a re-list."""
         self.tally.add("watches", 1)
@@ -238,9 +250,10 @@ class Kube:
                 raise ApiException(status=code, reason=str(obj.get("message", "watch error") if isinstance(obj, dict) else obj))
             yield {"type": event["type"], "object": obj}
 
-    def network_policies(self) -> list[dict]:
+    def network_policies(self) -> list[Obj]:
         resp = self.call(self.net.list_namespaced_network_policy, self.namespace, _request_timeout=30)
-        return [self.api_client.sanitize_for_serialization(p) for p in resp.items]
+        policies: list[Obj] = [self.api_client.sanitize_for_serialization(p) for p in resp.items]
+        return policies
 
     def service_address(self, name: str) -> tuple[str, int]:
         """ClusterIP and first port of a Service: what a pod without DNS can connect to."""
@@ -250,12 +263,13 @@ class Kube:
             if e.status == 404:
                 raise UserError(f"namespace {self.namespace}: no Service {name!r} (is the chart installed here?)") from None
             raise
+        assert svc.spec is not None, "the API server sends every Service with its spec"
         ip = svc.spec.cluster_ip
         if not ip or ip == "None" or not svc.spec.ports:
             raise UserError(f"Service {self.namespace}/{name} has no ClusterIP and port to connect to")
         return ip, svc.spec.ports[0].port
 
-    def _read_installed(self, read, kind: str, name: str):
+    def _read_installed(self, read: Callable[..., R], kind: str, name: str) -> R:
         """An object the install made, read by name; missing, or not ours to read, is the user's
         to fix (a UserError in one line)."""
         try:
@@ -280,7 +294,7 @@ class Kube:
         lease = self.read_lease(name)
         return None if lease is None else dict(lease["metadata"].get("annotations") or {})
 
-    def read_lease(self, name: str) -> dict | None:
+    def read_lease(self, name: str) -> Obj | None:
         """Lease ``name`` as a dict (its resourceVersion with it), or None where there is none."""
         try:
             lease = self.call(self.coordination.read_namespaced_lease, name, self.namespace, _request_timeout=30)
@@ -288,14 +302,16 @@ class Kube:
             if e.status == 404:
                 return None
             raise
-        return self.api_client.sanitize_for_serialization(lease)
+        read: Obj = self.api_client.sanitize_for_serialization(lease)
+        return read
 
-    def list_leases(self, label_selector: str) -> list[dict]:
+    def list_leases(self, label_selector: str) -> list[Obj]:
         resp = self.call(self.coordination.list_namespaced_lease, self.namespace, label_selector=label_selector,
                          _request_timeout=60)
-        return [self.api_client.sanitize_for_serialization(x) for x in resp.items]
+        leases: list[Obj] = [self.api_client.sanitize_for_serialization(x) for x in resp.items]
+        return leases
 
-    def write_lease(self, manifest: dict) -> dict:
+    def write_lease(self, manifest: Obj) -> Obj:
         """Create the Lease, or replace it where ``manifest`` carries the resourceVersion it was
         read at (optimistic concurrency); Conflict where it exists already, or changed since."""
         try:
@@ -308,7 +324,8 @@ class Kube:
             if e.status == 409:
                 raise Conflict(f"Lease {manifest['metadata']['name']} changed since it was read") from e
             raise
-        return self.api_client.sanitize_for_serialization(out)
+        written: Obj = self.api_client.sanitize_for_serialization(out)
+        return written
 
     # ---- jobs --------------------------------------------------------------------------------
 
@@ -316,7 +333,7 @@ class Kube:
         cm = self._read_installed(self.core.read_namespaced_config_map, "ConfigMap", name)
         return dict(cm.data or {})
 
-    def create_job(self, manifest: dict) -> bool:
+    def create_job(self, manifest: Obj) -> bool:
         """Create; False when a Job of that name exists already (a campaign submitted before)."""
         try:
             self.call(self.batch.create_namespaced_job, self.namespace, manifest, _request_timeout=30)
@@ -341,14 +358,19 @@ class Kube:
     def job_running(self, name: str) -> bool:
         """Whether Job ``name`` exists and has not ended (no Complete or Failed condition)."""
         job = self._job(name)
-        return job is not None and not any(c.type in ("Complete", "Failed") and c.status == "True"
-                                           for c in job.status.conditions or [])
+        if job is None:
+            return False
+        assert job.status is not None, "the API server sends every Job with its status"
+        return not any(c.type in ("Complete", "Failed") and c.status == "True" for c in job.status.conditions or [])
 
     def job_command(self, name: str) -> list[str] | None:
         """The command of Job ``name``'s container, or None where there is no such Job (or the
         identity may not read it): nothing to compare."""
         job = self._job(name)
-        return None if job is None else list(job.spec.template.spec.containers[0].command or [])
+        if job is None:
+            return None
+        assert job.spec is not None and job.spec.template.spec is not None, "a Job has its pod template's spec"
+        return list(job.spec.template.spec.containers[0].command or [])
 
     def namespace_exists(self) -> bool:
         try:
@@ -356,7 +378,7 @@ class Kube:
             return True
         except ApiException as e:
             if e.status in (403, 404):
-                return e.status == 403  # forbidden to read it, but it may exist: the create will tell
+                return bool(e.status == 403)  # forbidden to read it, but it may exist: the create will tell
             raise
 
     # ---- exec ----------------------------------------------------------------------------
@@ -378,9 +400,9 @@ class Kube:
                 # The websocket library reports the API server's refusal of the upgrade as
                 # status 0: a 4xx there (403 without the pods/exec verb) is not transient.
                 m = re.search(r"Handshake status (\d{3})", str(e.reason))
-                code = int(m.group(1)) if m else 0
-                if 400 <= code < 500 and code != 429:
-                    raise ApiException(status=code, reason=f"exec {container} in {pod}: {str(e.reason)[-400:]}") from None
+                refused = int(m.group(1)) if m else 0
+                if 400 <= refused < 500 and refused != 429:
+                    raise ApiException(status=refused, reason=f"exec {container} in {pod}: {str(e.reason)[-400:]}") from None
                 raise ExecError(f"exec {container} in {pod}: no connection after {time.monotonic() - started:.1f} s: "
                                 f"{e.reason or 'timed out'}") from None
             raise
@@ -430,7 +452,8 @@ class Kube:
 
 def _api_message(e: ApiException) -> str:
     try:
-        return json.loads(e.body)["message"]
+        message: str = json.loads(e.body or "")["message"]  # no body: a ValueError, as for one not JSON
+        return message
     except (TypeError, ValueError, KeyError):
         return f"{e.status} {e.reason}"
 

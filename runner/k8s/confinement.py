@@ -19,8 +19,10 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any, NotRequired, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from runner.errors import ConfinementError, KeyRefused
@@ -30,6 +32,27 @@ from runner.k8s.api import Kube
 from runner.settings import KubeSettings, Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class RouteSummary(TypedDict):
+    """One route a check tried, as its summary keeps it."""
+
+    route: str
+    target: str
+    opened: bool
+    must_open: bool
+
+
+class CheckSummary(TypedDict):
+    """What a capture record keeps of a check (its ``confinement_checks``), in the order written."""
+
+    check: int
+    at: str
+    passed: bool
+    settled_seconds: float | None
+    routes: list[RouteSummary]
+    problem: NotRequired[str]  # only where it failed
 
 
 def fix_key(kube: KubeSettings) -> str:
@@ -57,12 +80,15 @@ class Check:
         """The provider refused the install's key: the operator's key to fix, not a route."""
         return canary.key_refused(self.results)
 
-    def summary(self) -> dict:
+    def summary(self) -> CheckSummary:
         """What a capture record keeps of a check: when, what was tried, what it found."""
-        return {"check": self.number, "at": self.at, "passed": self.passed, "settled_seconds": self.settled_seconds,
-                "routes": [{"route": r.name, "target": r.target, "opened": r.opened, "must_open": r.must_open}
-                           for r in self.results],
-                **({"problem": self.problem} if self.problem else {})}
+        summary: CheckSummary = {
+            "check": self.number, "at": self.at, "passed": self.passed, "settled_seconds": self.settled_seconds,
+            "routes": [{"route": r.name, "target": r.target, "opened": r.opened, "must_open": r.must_open}
+                       for r in self.results]}
+        if self.problem:
+            summary["problem"] = self.problem
+        return summary
 
 
 @dataclass
@@ -71,7 +97,7 @@ class ConfinementMonitor:
     kube: Kube
     campaign: str
     route: manifests.Route  # the session pods' one route (no token: each check's canary gets its own)
-    foreign_policies: object  # callable () -> list[str]: names of policies that also select sessions
+    foreign_policies: Callable[[], list[str]]  # names of policies that also select sessions
     token_secret: bytes | None = None  # the gateway's signing key: the canary then asks it as a session would
     checks: list[Check] = field(default_factory=list)
     halted: str | None = None  # why no further session may start
@@ -155,7 +181,7 @@ class ConfinementMonitor:
         finally:
             self.kube.delete_pod(name, 0)
 
-    def _wait(self, selector: str, ok, timeout: float, what: str):
+    def _wait(self, selector: str, ok: Callable[[dict[str, Any] | None], T | None], timeout: float, what: str) -> T:
         deadline = time.monotonic() + timeout
         while True:
             pods, _ = self.kube.list_pods(selector)
@@ -204,11 +230,11 @@ class ConfinementMonitor:
         if self._thread is not None:
             self._thread.join(timeout=self.settings.kube.canary_timeout_seconds + 30)
 
-    def since(self, index: int) -> list[dict]:
-        """Summaries of the check in force at ``index`` (the count when a session started) and
-        every later one."""
+    def since(self, index: int) -> list[dict[str, Any]]:
+        """Summaries (CheckSummary) of the check in force at ``index`` (the count when a session
+        started) and every later one, as the capture record's ``confinement_checks`` holds them."""
         with self._lock:
-            return [c.summary() for c in self.checks[max(index - 1, 0):]]
+            return [{**c.summary()} for c in self.checks[max(index - 1, 0):]]
 
     def count(self) -> int:
         with self._lock:

@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any, TypeAlias, TypeVar
 
 from kubernetes.client.exceptions import ApiException
 
@@ -33,7 +34,8 @@ from runner.k8s.api import Kube
 
 log = logging.getLogger(__name__)
 
-Pod = dict
+Pod: TypeAlias = dict[str, Any]  # a pod as the API sends it: plain JSON, camelCase (podstate reads it)
+T = TypeVar("T")
 FIRST_PAUSE_SECONDS = 1.0
 MAX_PAUSE_SECONDS = 30.0
 REFUSED = (401, 403)
@@ -84,7 +86,7 @@ class PodCache:
     def stop(self) -> None:
         self._stop.set()
 
-    def _relist(self) -> str:
+    def _relist(self) -> str | None:
         items, rv = self.kube.list_pods(self.selector)
         current = {p["metadata"]["name"]: trimmed(p) for p in items}
         with self._lock:
@@ -163,7 +165,7 @@ class PodCache:
         with self._lock:
             return list(self.pods)
 
-    def wait(self, name: str, until: Callable[[Pod | None], object], timeout: float) -> object:
+    def wait(self, name: str, until: Callable[[Pod | None], T | None], timeout: float) -> T | None:
         """Block until ``until(pod or None)`` is truthy (None: the pod is gone); return its value,
         or None on timeout. Raises UserError once the watch is refused: the cache is then stale."""
         deadline = time.monotonic() + timeout
