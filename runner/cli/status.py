@@ -19,6 +19,9 @@ from runner.cli.group import campaign_argument, cli, interval_option, with_setti
 from runner.settings import Settings
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.live import Live
+
     from runner.live import Board
     from runner.service.events import Event, Subscriber
     from runner.status import CampaignStatus, Stopped, Transcripts, Waiting
@@ -87,37 +90,49 @@ def watch_rendering() -> Iterator[Subscriber]:
 
 @contextlib.contextmanager
 def live_board() -> Iterator[Subscriber]:
-    """The live board, drawn from the first status read until the watch ends; redrawn twice a
-    second, so elapsed times move between reads."""
-    from rich.console import Console
-    from rich.live import Live
+    """The live board, drawn from the first status read until the watch ends."""
+    board = LiveBoard()
+    try:
+        yield board
+    finally:
+        board.close()
 
-    from runner.live import board_view
-    from runner.service.events import StatusRead
 
-    current: list[Board] = []
-    first: list[CampaignStatus] = []
-    began = [0.0]
-    shown: list[Live] = []
+class LiveBoard:
+    """A watch's subscriber on a terminal: each status read redraws the board, which is redrawn
+    twice a second besides, so elapsed times move between reads; the pace is measured from the
+    first read."""
 
-    def on_event(event: Event) -> None:
+    def __init__(self) -> None:
+        self.first: CampaignStatus | None = None
+        self.began = 0.0
+        self.board: Board | None = None
+        self.live: Live | None = None
+
+    def __call__(self, event: Event) -> None:
+        from runner.service.events import StatusRead
+
         if not isinstance(event, StatusRead):
             return
-        if not first:
-            first.append(event.status)
-            began[0] = time.time()
-        board = status_board(event.status, first[0], began[0])
-        current[:] = [board]
-        if not shown:
-            shown.append(Live(get_renderable=lambda: board_view(current[0], time.time()), console=Console(),
-                              refresh_per_second=2))
-            shown[0].start()
+        if self.first is None:
+            self.first, self.began = event.status, time.time()
+        self.board = status_board(event.status, self.first, self.began)
+        if self.live is None:
+            from rich.console import Console
+            from rich.live import Live
 
-    try:
-        yield on_event
-    finally:
-        if shown:
-            shown[0].stop()
+            self.live = Live(get_renderable=self.render, console=Console(), refresh_per_second=2)
+            self.live.start()
+
+    def render(self) -> RenderableType:
+        from runner.live import board_view
+
+        assert self.board is not None  # drawn only once a status was read
+        return board_view(self.board, time.time())
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
 
 
 def status_board(st: CampaignStatus, start: CampaignStatus, began: float) -> Board:
