@@ -78,6 +78,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TypedDict
 from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -125,6 +126,17 @@ def load_probe_config(corpus: Path) -> ProbeConfig:
         raise UserError(format_validation_error(str(path), e)) from None
 
 
+class SealRecord(TypedDict):
+    """A session's ``seal.json``: what sealing left and why (the transform reads it)."""
+
+    arm: str
+    manifest: dict[str, str]
+    views: dict[str, str]
+    removed: dict[str, str]
+    folds_kept: list[str]
+    mcp_servers: list[str]
+
+
 @dataclass
 class SealedWorkspace:
     """What sealing produced: the workspace and the facts the transform needs about it."""
@@ -140,7 +152,7 @@ class SealedWorkspace:
     # transform tells by it which document a whole read of one of them saw
     views: dict[str, str] = field(default_factory=dict)
 
-    def record(self) -> dict[str, object]:
+    def record(self) -> SealRecord:
         return {
             "arm": self.arm,
             "manifest": self.manifest,

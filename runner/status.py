@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 from runner import digest, harnesses, layout
 from runner.budget import books
+from runner.executors.base import WaitingRecord, WaitReason
 from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
 from runner.store import NotFound, Store
@@ -25,13 +26,6 @@ class ArmCounts(TypedDict):
     done: int
     running: int
     waiting: int
-
-
-class Waiting(TypedDict):
-    """Why a session waits for its pod (the scheduler's or the kubelet's words), since when."""
-
-    reason: str
-    since: str
 
 
 @dataclass(frozen=True)
@@ -75,7 +69,7 @@ class CampaignStatus:
     cost_usd: str                        # as the captured streams state it, a decimal string
     budget: Money
     refusals: list[dict[str, Any]]       # refusals.json's, or the sessions refused so far
-    waiting: dict[str, Waiting]          # session key -> why it waits for its pod
+    waiting: dict[str, WaitReason]       # session key -> why it waits for its pod
     transcripts: Transcripts
     stopped: Stopped | None
 
@@ -161,12 +155,13 @@ def _transcripts(store: Store, plan: Plan, read: str) -> Transcripts:
     return Transcripts(ready, receipt["at"])
 
 
-def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, Waiting]:
+def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, WaitReason]:
     """Why sessions not final yet wait for their pod, as the controller last recorded it
     (layout.waiting_key; absent for the local executor)."""
     if (written := _read(store, layout.waiting_key(plan.campaign))) is None:
         return {}
-    recorded: dict[str, Waiting] = json.loads(written).get("sessions") or {}
+    record: WaitingRecord = json.loads(written)
+    recorded = record.get("sessions") or {}
     return {k: v for k, v in recorded.items() if k not in states or states[k].status not in FINAL}
 
 

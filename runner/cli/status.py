@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.live import Live
 
+    from runner.executors.base import WaitReason
     from runner.live import Board
     from runner.service.events import Event, Subscriber
-    from runner.status import CampaignStatus, Stopped, Transcripts, Waiting
+    from runner.status import CampaignStatus, Stopped, Transcripts
 
 
 @cli.command(short_help="counts of sessions by state, cost so far, refusals")
@@ -174,7 +175,7 @@ def ending_note(st: CampaignStatus, lead: str = "") -> str:
     return lead + ("transcripts ready" if st.transcripts.ready else "waiting for the transform to write the transcripts")
 
 
-def waiting_note(waiting: dict[str, Waiting]) -> str:
+def waiting_note(waiting: dict[str, WaitReason]) -> str:
     """How many sessions wait for their pod, and why the most of them wait (the scheduler's or
     the kubelet's words: ``unschedulable: 0/1 nodes are available: 1 Insufficient cpu``)."""
     reasons = Counter(w["reason"] for w in waiting.values())
@@ -182,7 +183,7 @@ def waiting_note(waiting: dict[str, Waiting]) -> str:
     return f"{len(waiting)} waiting for a pod ({'' if n == len(waiting) else f'{n}: '}{reason})"
 
 
-def waiting_lines(waiting: dict[str, Waiting]) -> list[str]:
+def waiting_lines(waiting: dict[str, WaitReason]) -> list[str]:
     """Sessions that wait for their pod, one line per reason, most sessions first."""
     by_reason: dict[str, list[str]] = {}
     for session, w in waiting.items():

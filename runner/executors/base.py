@@ -19,7 +19,8 @@ from runner.seal import SealedWorkspace
 from runner.store import Store
 
 if TYPE_CHECKING:
-    from runner.entrypoints.pod import ReaderRecord  # the type alone: the pod's entry points are not the run path's
+    from runner.entrypoints.pod import ReaderRecord  # the types alone: the pod's entry points are not the run path's,
+    from runner.k8s.confinement import CheckSummary  # nor the cluster the local executor's
 
 # (probe, session, attempt) of a session attempt whose harness may still run (a pod a restarted
 # controller adopts instead of starting the session again).
@@ -76,6 +77,21 @@ class Artifacts(TypedDict):
     deleted: list[str]
 
 
+class WaitReason(TypedDict):
+    """Why a session waits for its pod (the scheduler's or the kubelet's words), since when."""
+
+    reason: str
+    since: str
+
+
+class WaitingRecord(TypedDict):
+    """``waiting.json`` (layout.waiting_key): why the sessions not started yet wait, as an
+    executor whose starts wait on a platform last wrote it (status reads it)."""
+
+    at: str
+    sessions: dict[str, WaitReason]
+
+
 class CaptureRecord(TypedDict):
     """What an executor observed of one session, beside its stream: stored as the session's
     capture.json, read by the transform. Paths are as the session saw them."""
@@ -96,7 +112,7 @@ class CaptureRecord(TypedDict):
     artifacts: Artifacts | None     # the files the session changed, as stored (None: not collected)
     artifacts_not_collected: NotRequired[str]              # why artifacts is None
     artifacts_warnings: NotRequired[list[str]]             # kubernetes: what the pod's tar could not read
-    confinement_checks: NotRequired[list[dict[str, Any]]]  # kubernetes: the canary checks over the session
+    confinement_checks: NotRequired[list[CheckSummary]]    # kubernetes: the canary checks over the session
     pod: NotRequired[dict[str, Any]]                       # kubernetes: name, namespace, node
     reader: NotRequired[ReaderRecord]                      # kubernetes: the capture reader's record
     driver_produced: NotRequired[list[str]]                # added by the campaign: paths it may write unnamed

@@ -45,7 +45,7 @@ from runner.entrypoints.pod import (
     record_argv,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Artifacts, CaptureRecord, Halt, Live, Remedies, Slot, StreamRecord
+from runner.executors.base import Artifacts, CaptureRecord, Halt, Live, Remedies, Slot, StreamRecord, WaitingRecord, WaitReason
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
 from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
@@ -484,7 +484,7 @@ class Waiting:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._why: dict[str, dict[str, str]] = {}
+        self._why: dict[str, WaitReason] = {}
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -503,7 +503,7 @@ class Waiting:
             if why is None:
                 changed = self._why.pop(session, None) is not None
             else:
-                changed = (self._why.get(session) or {}).get("reason") != why
+                changed = session not in self._why or self._why[session]["reason"] != why
                 if changed:
                     self._why[session] = {"reason": why, "since": now()}
         if changed:
@@ -518,7 +518,8 @@ class Waiting:
     def _flush(self) -> None:
         self._dirty.clear()
         with self._lock:
-            body = json.dumps({"at": now(), "sessions": dict(sorted(self._why.items()))}, indent=1).encode()
+            record: WaitingRecord = {"at": now(), "sessions": dict(sorted(self._why.items()))}
+            body = json.dumps(record, indent=1).encode()
         try:
             assert self._store is not None
             self._store.put(self._key, body)

@@ -230,11 +230,11 @@ class ConfinementMonitor:
         if self._thread is not None:
             self._thread.join(timeout=self.settings.kube.canary_timeout_seconds + 30)
 
-    def since(self, index: int) -> list[dict[str, Any]]:
-        """Summaries (CheckSummary) of the check in force at ``index`` (the count when a session
-        started) and every later one, as the capture record's ``confinement_checks`` holds them."""
+    def since(self, index: int) -> list[CheckSummary]:
+        """Summaries of the check in force at ``index`` (the count when a session started) and
+        every later one, as the capture record's ``confinement_checks`` holds them."""
         with self._lock:
-            return [{**c.summary()} for c in self.checks[max(index - 1, 0):]]
+            return [c.summary() for c in self.checks[max(index - 1, 0):]]
 
     def count(self) -> int:
         with self._lock:

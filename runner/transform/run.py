@@ -29,6 +29,7 @@ from runner.corpus import load_identifiers
 from runner.errors import UserError
 from runner.ledger import Ledger, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
+from runner.seal import SealRecord
 from runner.store import NotFound, Store
 from runner.transform.events import SessionFacts, SessionOutcome, session_event
 from runner.transform.intake import confirm_rendered
@@ -102,7 +103,7 @@ def _final_file(store: Store, keys: layout.SessionKeys, stored: set[str]) -> Cal
 def session_outcome(store: Store, plan: Plan, keys: layout.SessionKeys,
                       identifiers: frozenset[str]) -> tuple[SessionOutcome, dict[str, Any]]:
     capture = json.loads(store.get(keys.capture))
-    sealed = json.loads(store.get(keys.seal))
+    sealed: SealRecord = json.loads(store.get(keys.seal))
     arts = capture.get("artifacts") or {}
     timed_out = bool(capture.get("timed_out"))
     harness = harnesses.HARNESS
