@@ -8,14 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import sys
-import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import IO
 
 from runner import digest, harnesses, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget, settled_cost
@@ -24,8 +21,8 @@ from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, NotStarted,
 from runner.executors.base import Executor, Halt, Remedies, Slot, Slots
 from runner.harnesses.contract import Signals
 from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
-from runner.live import LiveProgress
 from runner.plan import Plan, SessionSpec
+from runner.progress import RunEnded, RunNote, RunPlanned, RunSubscriber, SessionEnded, SessionStarted, ignore
 from runner.seal import seal
 from runner.settings import BudgetSettings
 from runner.store import Store
@@ -44,52 +41,6 @@ def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> Declaratio
 def named_write_paths(parsed: stream.ParsedStream, workspace: str) -> set[str]:
     """Workspace files the stream's write calls name: collected even if the session left them unchanged."""
     return {p for p in written_paths(parsed.tool_uses, workspace) if not p.startswith("/") and p != "."}
-
-
-@dataclass
-class Progress:
-    """What a run shows as it goes: on a terminal the live board (runner/live.py), otherwise one
-    line per session that ends and per note (a pause, a stop)."""
-
-    total: int
-    out: IO[str] = sys.stderr
-    done: int = 0
-    cost: Decimal = Decimal(0)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    live: LiveProgress | None = None
-
-    @classmethod
-    def for_run(cls, plan: Plan, todo: list[tuple[SessionSpec, int, bool]], out: IO[str]) -> Progress:
-        progress = cls(total=len(todo), out=out)
-        if todo and getattr(out, "isatty", lambda: False)():
-            progress.live = LiveProgress(plan.campaign, dict(Counter(spec.arm for spec, _, _ in todo)), out)
-        return progress
-
-    def start(self, spec: SessionSpec) -> None:
-        if self.live is not None:
-            self.live.start(spec.arm, spec.key)
-
-    def session(self, spec: SessionSpec, status: str, cost: Decimal | None) -> None:
-        with self.lock:
-            self.done += 1
-            if cost is not None:
-                self.cost += cost
-            if self.live is not None:
-                self.live.end(spec.arm, spec.key, status, cost)
-                return
-            print(f"[{self.done}/{self.total}] {spec.probe} {spec.name}: {status}  (cost so far ${self.cost:.4f})",
-                  file=self.out, flush=True)
-
-    def note(self, text: str) -> None:
-        with self.lock:
-            if self.live is not None:
-                self.live.note(text)
-                return
-            print(text, file=self.out, flush=True)
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.close()
 
 
 @dataclass
@@ -131,11 +82,12 @@ class RunReport:
 
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
-                 produced: list[str], progress_out: IO[str] = sys.stderr, resume: set[str] | None = None,
+                 produced: list[str], progress: RunSubscriber = ignore, resume: set[str] | None = None,
                  backoff: Backoff | None = None, budget: BudgetSettings | None = None) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
     starts while the provider throttles (see runner/throttle.py); ``budget`` (default: none)
-    starts no session whose reservation would take the campaign past its budget (runner/budget.py)."""
+    starts no session whose reservation would take the campaign past its budget (runner/budget.py).
+    ``progress`` is told what happens as it happens (runner/progress.py)."""
     store_plan(store, plan)
     store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
@@ -162,7 +114,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             report.interrupted.append(spec.key)
         else:
             report.skipped[spec.key] = status
-    progress = Progress.for_run(plan, todo, progress_out)
+    progress(RunPlanned(plan.campaign, dict(Counter(spec.arm for spec, _, _ in todo))))
 
     slots = Slots(concurrency, executor.waiting_room)
     reservation = budget.reservation() if budget is not None else None
@@ -173,7 +125,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         attempt before it was started (intended, not started) goes now, not at its deadline."""
         if (spec.probe, spec.name, attempt) in live:
             executor.finish(layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt))
-        progress.session(spec, f"not started ({why})", None)
+        progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, f"not started ({why})", None))
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
@@ -205,20 +157,20 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 not_started(spec, attempt, str(e))
                 return
         signals = Signals()
-        progress.start(spec)
+        progress(SessionStarted(spec.arm, spec.key))
         status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
                                produced, adopt, signals, slot, gate.money() if gate is not None else None)
         report.ran.append(spec.key)
-        progress.session(spec, status, cost)
+        progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost))
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
                 report.refused.append(spec.key)
-                progress.note(f"{refused_key(signals.refused)} in {spec.key}: no further session is started "
-                              "(the run's end says what to do)")
+                progress(RunNote(f"{refused_key(signals.refused)} in {spec.key}: no further session is started "
+                                 "(the run's end says what to do)"))
             pause = backoff.record(signals)
             if pause > 0:
-                progress.note(f"provider throttling in {spec.key} ({signals.retries} retries"
-                              f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s")
+                progress(RunNote(f"provider throttling in {spec.key} ({signals.retries} retries"
+                                 f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s"))
 
     if gate is not None:  # adopted sessions may still give money back: counted before any session asks for some
         for _, _, adopt in todo:
@@ -229,7 +181,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             for f in [pool.submit(one, item) for item in todo]:
                 f.result()
     finally:
-        progress.close()
+        progress(RunEnded())
     if backoff is not None and backoff.halted is not None:
         report.halted = report.halted or backoff.halted
     if (halt := executor.halted()) is not None:

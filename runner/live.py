@@ -2,8 +2,8 @@
 waiting; the sessions running with their elapsed time; the cost so far, its rate and the time
 left at the current pace; the last stops and pauses as they happen. ``board_view`` is pure
 (a Board and a clock in, a renderable out), so it is tested by rendering to a recorded console;
-``LiveProgress`` is what `run` shows on a terminal (off one, campaign.Progress prints one line
-per change, as before).
+``LiveProgress`` is what `run` shows on a terminal (off one, runner/cli/run.py's RunProgress
+prints one line per change).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def board_view(board: Board, now: float) -> RenderableType:
 
 
 class LiveProgress:
-    """campaign.Progress's interface, drawn live: each change redraws the board, and a refresh
+    """A run's progress (runner/progress.py's events, as RunProgress passes them) drawn live: each change redraws the board, and a refresh
     thread keeps the elapsed times moving."""
 
     def __init__(self, campaign: str, arms: dict[str, int], out: IO[str]) -> None:

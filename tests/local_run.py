@@ -18,8 +18,7 @@ def run_local(plan: Plan, corpus: Path, store: Store, settings: Settings, concur
               produced: list[str] | None = None) -> RunReport:
     executor = LocalExecutor(settings)
     try:
-        return run_sessions(plan, corpus, store, executor, settings.local.workdir, concurrency, produced or [],
-                            progress_out=open(os.devnull, "w"))
+        return run_sessions(plan, corpus, store, executor, settings.local.workdir, concurrency, produced or [])
     finally:
         executor.close()
 

@@ -93,11 +93,11 @@ def cancel(settings: Settings, campaign: str, session: str) -> int:
 def resume(settings: Settings, campaign: str, sessions: tuple[str, ...], corpus: Path | None, job: bool) -> int:
     """Run a new attempt of each SESSION (interrupted or failed), then the transform: on this
     host (--corpus), or in the cluster (--job, one Job for them all) for a submitted campaign."""
-    from runner.cli.run import render_run
+    from runner.cli.run import RunProgress, render_run
     from runner.service import ledger as service
     from runner.service.run import CampaignRun
 
-    done = service.resume(settings, campaign, sessions, corpus, job, progress_out=sys.stderr)
+    done = service.resume(settings, campaign, sessions, corpus, job, progress=RunProgress(sys.stderr))
     if isinstance(done, CampaignRun):
         return render_run(done)
     click.echo(f"resume job: {done.job} (created): a new attempt of {', '.join(done.sessions)}, then the transform; "

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 from runner.errors import UserError
 from runner.ledger import Ledger, SessionState
 from runner.plan import Plan
+from runner.progress import RunSubscriber, ignore
 from runner.service.outcome import Outcome
 from runner.service.stored import campaign_ledger, campaign_lock
 from runner.settings import Settings
@@ -98,7 +99,7 @@ def check_resumable(book: Ledger, plan: Plan, session: str) -> None:
 
 
 def resume(settings: Settings, campaign: str, sessions: tuple[str, ...], corpus: Path | None, job: bool,
-           progress_out: TextIO | None = None) -> CampaignRun | JobCreated:
+           progress: RunSubscriber = ignore) -> CampaignRun | JobCreated:
     """Run a new attempt of each session (each once, in the order given; every one resumable):
     on this host over ``corpus`` (a ``run.CampaignRun``), or with ``job`` in the cluster (the
     campaign's resume Job, a ``cluster.JobCreated``)."""
@@ -113,4 +114,4 @@ def resume(settings: Settings, campaign: str, sessions: tuple[str, ...], corpus:
     if corpus is None:
         raise UserError("give the campaign's corpus (--corpus DIR) to resume on this host, or --job to resume a "
                         "submitted campaign in the cluster")
-    return run.run_campaign(settings, plan, corpus, resume=set(sessions), progress_out=progress_out)
+    return run.run_campaign(settings, plan, corpus, resume=set(sessions), progress=progress)

@@ -8,10 +8,8 @@ goes to the stream the caller gives)."""
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from runner import layout
 from runner.campaign import RunReport, run_sessions
@@ -20,6 +18,7 @@ from runner.errors import ConfinementError, KeyRefused, UserError
 from runner.executors.registry import make_executor
 from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
+from runner.progress import RunSubscriber, ignore
 from runner.service.outcome import Outcome, error_outcome, exit_status, stop_outcome, written_outcome
 from runner.service.stored import campaign_lock, mark_run, stored_campaign
 from runner.settings import Settings
@@ -90,9 +89,9 @@ def transform_stored(settings: Settings, campaign: str) -> Written:
 
 
 def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "local", produced: list[str] | None = None,
-                 resume: set[str] | None = None, progress_out: TextIO | None = None) -> CampaignRun:
+                 resume: set[str] | None = None, progress: RunSubscriber = ignore) -> CampaignRun:
     """Run every session of ``plan`` that has not run (and those of ``resume``), then the
-    transform; ``progress_out``: where the sessions' progress is shown (default: stderr)."""
+    transform; ``progress`` is told of the sessions as they go (runner/progress.py)."""
     corpus = corpus.resolve()
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} is not a directory")
@@ -103,7 +102,7 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
         try:
             backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
             report = run_sessions(plan, corpus, store, runner, settings.local.workdir, settings.concurrency,
-                                  produced or [], progress_out or sys.stderr, resume=resume, backoff=backoff,
+                                  produced or [], progress, resume=resume, backoff=backoff,
                                   budget=settings.budget)
         except UserError as e:  # refused before a session ran (the first confinement or key check, a bad input):
             # final for a Job too, so a watch must end on it, with what to do (the monitor's words end on the fix)
@@ -138,7 +137,7 @@ def record_stop(store: Store, plan: Plan, why: str, code: int, ledger_read: str)
 
 
 def run_submitted(settings: Settings, campaign: str, resume: tuple[str, ...] = (),
-                  progress_out: TextIO | None = None) -> CampaignRun:
+                  progress: RunSubscriber = ignore) -> CampaignRun:
     """The controller Job's run: every session of the campaign ``submit`` stored (its plan and
     corpus) as Kubernetes pods, and a new attempt of each of ``resume``, then the transform."""
     from runner.corpus import fetch_corpus
@@ -150,4 +149,4 @@ def run_submitted(settings: Settings, campaign: str, resume: tuple[str, ...] = (
         for session in resume:
             check_resumable(book, plan, session)
     corpus = fetch_corpus(store, plan.campaign, settings.local.workdir / plan.campaign / "corpus")
-    return run_campaign(settings, plan, corpus, "kubernetes", resume=set(resume) or None, progress_out=progress_out)
+    return run_campaign(settings, plan, corpus, "kubernetes", resume=set(resume) or None, progress=progress)

@@ -8,7 +8,6 @@ byte may reach the stored stream, and the session must still complete."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ def test_no_route_of_the_session_reaches_the_stream_in_a_pod(kube_cluster, nodes
         store = open_store(store_uri, settings)
         executor = KubernetesExecutor(settings, Kube(settings.kube))
         try:
-            run_sessions(plan, corpus, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+            run_sessions(plan, corpus, store, executor, tmp_path / "work", 1, [])
         finally:
             executor.close()
         assert not sim.errors, sim.errors

@@ -244,8 +244,7 @@ def test_two_hundred_sessions_over_twenty_nodes(kube_cluster, nodes, namespace, 
     with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream, 0.2), harness_binds=(str(shared),)) as sim:
         t0 = time.monotonic()
         try:
-            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 20, [],
-                                  progress_out=open(os.devnull, "w"))
+            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 20, [])
         finally:
             executor.close()
         took = time.monotonic() - t0
@@ -280,8 +279,7 @@ def test_the_light_node_runs_a_whole_wave_at_once_and_every_stream_passes_intake
     audit_from = kube_cluster.audit_offset()
     with SimNode(kube_cluster.api_client(), namespace, sim_root, Replay(stream, 20.0)) as sim:
         try:
-            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 48, [],
-                                  progress_out=open(os.devnull, "w"))
+            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 48, [])
         finally:
             executor.close()
         assert not sim.errors, sim.errors
@@ -422,7 +420,7 @@ def test_pod_deleted_mid_stream_is_interrupted_and_keeps_what_arrived(kube_clust
         killer.start()
         plan = plan.model_copy(update={"probes": plan.probes[:1], "arms": plan.arms[:1]})
         try:
-            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [])
         finally:
             executor.close()
         killer.join()
@@ -460,7 +458,7 @@ def test_sixty_mib_stream_with_a_dropped_transfer_arrives_whole(kube_cluster, no
     executor = KubernetesExecutor(settings, Kube(settings.kube))
     with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(big), harness_binds=(str(shared),)) as sim:
         try:
-            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [])
         finally:
             executor.close()
         assert not sim.errors, sim.errors
@@ -488,7 +486,7 @@ def test_a_workspace_past_the_collection_limit_is_not_collected_and_the_event_sa
         store = open_store(store_uri, settings)
         executor = KubernetesExecutor(settings, Kube(settings.kube))
         try:
-            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [])
         finally:
             executor.close()
         assert not sim.errors, sim.errors
@@ -588,8 +586,7 @@ def test_a_pod_waiting_to_start_holds_no_slot_of_the_running_sessions(kube_clust
         grower = threading.Thread(target=grow_the_cluster_while_the_other_runs)
         grower.start()
         try:
-            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [],
-                                  progress_out=open(os.devnull, "w"))
+            report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [])
         finally:
             executor.close()
         grower.join()
@@ -681,7 +678,7 @@ def test_harness_container_that_would_be_dumpable_is_refused_before_the_cli_runs
     with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream), harness_binds=(str(shared),),
                  loader_exec_only=False) as sim:
         try:
-            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open(os.devnull, "w"))
+            run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [])
         finally:
             executor.close()
         assert not sim.errors, sim.errors

@@ -8,7 +8,6 @@ take the product's."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -16,6 +15,7 @@ from runner import demo
 from runner.campaign import run_sessions
 from runner.executors.local import LocalExecutor
 from runner.ledger import Ledger
+from runner.progress import RunEnded, RunEvent, RunPlanned, SessionEnded, SessionStarted
 from runner.settings import Settings
 from runner.store import open_store
 from runner.transform.run import run_transform
@@ -51,9 +51,13 @@ def test_a_campaign_runs_through_the_third_executor_to_confirmed_transcripts(tmp
     s = _settings(tmp_path, provider, claude_command)
     store, plan = open_store(s.store), demo_plan("plain-campaign")
     executor = PlainExecutor(s)
-    with open(os.devnull, "w") as quiet:
-        report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 2, [], progress_out=quiet)
+    events: list[RunEvent] = []
+    report = run_sessions(plan, demo.CORPUS, store, executor, tmp_path / "work", 2, [], progress=events.append)
     assert report.stopped() is None and not report.interrupted and len(report.ran) == 4, report
+    # the run told its progress as events: planned, each session started and ended, the end
+    assert events[0] == RunPlanned(plan.campaign, {"present": 2, "absent": 2}) and events[-1] == RunEnded()
+    assert sorted(e.key for e in events if isinstance(e, SessionStarted)) == sorted(s.key for s in plan.sessions())
+    assert [e.status for e in events if isinstance(e, SessionEnded)] == ["succeeded"] * 4
     ledger = Ledger(store, plan.campaign)
     assert not ledger.verify()
     assert {s.status for s in ledger.sessions().values()} == {"succeeded"} and len(ledger.sessions()) == 4

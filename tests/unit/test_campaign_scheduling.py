@@ -82,7 +82,7 @@ def test_a_session_waiting_for_money_holds_no_slot_a_stepped_aside_one_needs(tmp
     budget = BudgetSettings(campaign_usd=Decimal("10"), session_usd=Decimal("5"), call_usd=Decimal("2"))  # $7 each
     done: list[object] = []
     t = threading.Thread(target=lambda: done.append(run_sessions(
-        plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [], progress_out=open("/dev/null", "w"),
+        plan, demo.CORPUS, store, executor, tmp_path / "work", 1, [],
         budget=budget)), daemon=True)
     t.start()
     t.join(60)

@@ -1,0 +1,56 @@
+"""A run's progress as events (issue 30, item 2: "progress as events the CLI renders"): the
+campaign tells a subscriber what happens as it happens, as s3transfer's subscribers are told of a
+transfer's, and prints nothing; the CLI draws them (runner/cli/run.py: a line per session off a
+terminal, the live board on one)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+
+
+@dataclass(frozen=True)
+class RunPlanned:
+    """What this run will try: how many sessions of each arm."""
+
+    campaign: str
+    arms: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SessionStarted:
+    arm: str
+    key: str  # probe/session
+
+
+@dataclass(frozen=True)
+class SessionEnded:
+    """A session of the run ended (or was not started: ``status`` says why)."""
+
+    arm: str
+    key: str
+    probe: str
+    session: str
+    status: str
+    cost: Decimal | None  # what its stream says it spent, where it ran
+
+
+@dataclass(frozen=True)
+class RunNote:
+    """Something the run did on its own account: a pause for throttling, a halt."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class RunEnded:
+    pass
+
+
+RunEvent = RunPlanned | SessionStarted | SessionEnded | RunNote | RunEnded
+RunSubscriber = Callable[[RunEvent], None]
+
+
+def ignore(event: RunEvent) -> None:
+    """A subscriber that shows nothing."""
