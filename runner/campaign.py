@@ -158,7 +158,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 return
         signals = Signals()
         progress(SessionStarted(spec.arm, spec.key))
-        status, cost = run_one(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
+        status, cost = run_attempt(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
                                produced, adopt, signals, slot, gate.money() if gate is not None else None)
         report.ran.append(spec.key)
         progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost))
@@ -190,7 +190,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     return report
 
 
-def run_one(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
+def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
             attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
             slot: Slot, money: Money | None) -> tuple[str, Decimal | None]:
     """One session attempt. ``adopt``: its start is journaled and its pod still runs (a

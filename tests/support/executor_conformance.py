@@ -45,8 +45,8 @@ class Ran:
     started_before_stream: list[bool]  # at each call of started(): whether the stream was not yet stored
 
 
-def run_one(c: Conformant, probe_index: int, arm: str = "present", attempt: int = 1) -> Ran:
-    """One session attempt through the contract, as campaign.run_one drives it."""
+def run_attempt(c: Conformant, probe_index: int, arm: str = "present", attempt: int = 1) -> Ran:
+    """One session attempt through the contract, as campaign.run_attempt drives it."""
     plan = c.plan
     probe = plan.probes[probe_index]
     spec = next(s for s in plan.sessions() if s.probe == probe.id and s.arm == arm)
@@ -80,7 +80,7 @@ class ExecutorConformance:
         conformant.executor.close()  # closing twice is harmless
 
     def test_a_session_returns_a_whole_capture_record_and_its_verified_stream(self, ready):
-        ran = run_one(ready, 0)
+        ran = run_attempt(ready, 0)
         record = ran.record
         hints = CaptureRecord.__annotations__  # as written: the module's annotations are strings (ForwardRefs here)
         required = {k for k, hint in hints.items() if not getattr(hint, "__forward_arg__", str(hint)).startswith("NotRequired[")}
@@ -97,7 +97,7 @@ class ExecutorConformance:
         assert (parsed.init or {}).get("cwd") == record["workspace"]  # the paths as the session saw them
 
     def test_the_files_a_session_wrote_are_collected(self, ready):
-        ran = run_one(ready, 1)  # the superseding-decision scenario writes notes/supersession.md
+        ran = run_attempt(ready, 1)  # the superseding-decision scenario writes notes/supersession.md
         artifacts = ran.record["artifacts"]
         assert artifacts is not None, ran.record.get("artifacts_not_collected")
         assert "notes/supersession.md" in artifacts["changed"] and "notes/supersession.md" in artifacts["stored"], artifacts
@@ -114,11 +114,11 @@ class ExecutorConformance:
 
     def test_nothing_halts_a_confined_run(self, ready):
         assert ready.executor.halted() is None
-        run_one(ready, 0)
+        run_attempt(ready, 0)
         assert ready.executor.halted() is None
 
     def test_a_second_attempt_keeps_its_own_stream(self, ready):
-        first, second = run_one(ready, 0), run_one(ready, 0, attempt=2)
+        first, second = run_attempt(ready, 0), run_attempt(ready, 0, attempt=2)
         assert first.keys.stream != second.keys.stream
         assert {first.record["stream"]["key"], second.record["stream"]["key"]} == {first.keys.stream, second.keys.stream}
         assert ready.store.get(first.keys.stream) and ready.store.get(second.keys.stream)
