@@ -282,7 +282,7 @@ def child(kind: str, files: list[Path]) -> dict:
             "spec = importlib.util.spec_from_file_location('bench_transform', %r);"
             "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b);"
             "from pathlib import Path; files = [Path(p) for p in json.load(sys.stdin)];"
-            "import runner.stream, runner.transform, runner.transform.intake, runner.transform.transcript, fuzz_targets, orjson;"
+            "import runner.stream, runner.harnesses, runner.transform, runner.transform.intake, runner.transform.transcript, fuzz_targets, orjson;"
             "base = b._peak_rss_kb(); t = b._cpu(); n = getattr(b, %r)(files); t = b._cpu() - t;"
             "print(json.dumps({'cpu': t, 'items': n, 'base_rss_kb': base, 'peak_rss_kb': b._peak_rss_kb()}))"
             % (str(Path(__file__).resolve()), kind))

@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Literal
 
 from runner import digest, harnesses, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget, settled_cost
 from runner.corpus import corpus_fingerprint, store_identifiers, store_plan
-from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
+from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import Executor, Halt, Remedies, Slot, Slots
 from runner.harnesses.contract import Signals
 from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
@@ -43,6 +44,10 @@ def named_write_paths(parsed: stream.ParsedStream, workspace: str) -> set[str]:
     return {p for p in written_paths(parsed.tool_uses, workspace) if not p.startswith("/") and p != "."}
 
 
+# What stopped a run with sessions left: a failed confinement check, a refused key, the budget.
+StopCause = Literal["unconfined", "key", "budget"]
+
+
 @dataclass
 class RunReport:
     remedies: Remedies  # how the campaign is run again, in its executor's words
@@ -63,21 +68,22 @@ class RunReport:
         else:
             self.unconfined = self.unconfined or halt.why
 
-    def stopped(self) -> tuple[str, int] | None:
-        """Why this run left sessions that no retry of it starts, and the exit status that says
-        so (a Job fails at once on it): a failed confinement check, a refused key, the budget."""
+    def stopped(self) -> tuple[str, StopCause] | None:
+        """Why this run left sessions that no retry of it starts, in words, and its cause (the
+        service's outcome table makes the exit status of it, on which a Job fails at once): a
+        failed confinement check, a refused key, the budget."""
         again = self.remedies.again
         if self.unconfined:  # the cluster no longer confines sessions as promised: an operator's matter
             return (f"halted: {self.unconfined}; no further session was started. Fix the cluster's network policy, "
-                    f"then {again}", EXIT_CONFINEMENT)
+                    f"then {again}", "unconfined")
         if self.halted:  # a setting to fix, not a run to retry
             then = (f"{self.remedies.resume(*self.refused)} runs again the sessions that failed on it and starts those "
                     "not started") if self.refused else again
-            return f"halted: {self.halted}; {self.remedies.fix_key}, then {then}", EXIT_USAGE
+            return f"halted: {self.halted}; {self.remedies.fix_key}, then {then}", "key"
         if self.over_budget:
             return (f"budget: {len(self.over_budget)} session(s) not started, e.g. {self.over_budget[0]}: "
                     f"{self.budget_why}. Nothing of them is journaled; raise the budget (--budget-usd) and {again} "
-                    "to start them", EXIT_BUDGET)
+                    "to start them", "budget")
         return None
 
 

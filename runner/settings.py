@@ -1,7 +1,7 @@
 """Settings, from the environment (prefix ``RUNNER_``, ``__`` between nested names) and flags.
 
-Every field states its unit and default so the Helm chart and the README can be checked
-against it; ``env_nested_delimiter="__"`` lets the chart set any of them, e.g.
+Every field states its unit and default so the Helm chart and docs/settings.md (generated
+from these models: ``python -m runner.settings``) can be checked against it; ``env_nested_delimiter="__"`` lets the chart set any of them, e.g.
 ``RUNNER_PROVIDER__BASE_URL`` or ``RUNNER_HARNESS__TIMEOUT_SECONDS``.
 """
 
@@ -26,9 +26,6 @@ from runner.errors import UserError, format_validation_error
 PRIVATE_V4 = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]
 PRIVATE_V6 = ["fc00::/7", "fe80::/10", "::1/128"]
 
-# Skill is on it because the present arm loads the workspace's skills "because they are what a
-# campaign measures", and a skill reaches the session through the Skill tool alone.
-DEFAULT_ALLOWED_TOOLS = ["Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash", "Skill"]
 
 
 class ProviderSettings(BaseModel):
@@ -48,15 +45,15 @@ class ProviderSettings(BaseModel):
 
 
 class HarnessSettings(BaseModel):
-    command: str = Field("claude", description="The Claude Code executable (a path or a name on PATH). Default: claude.")
+    command: str = Field(harnesses.HARNESS.executable, description=f"The {harnesses.HARNESS.name} executable (a path or a name on PATH). Default: {harnesses.HARNESS.executable}.")
     allowed_tools: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_ALLOWED_TOOLS),
+        default_factory=lambda: list(harnesses.HARNESS.allowed_tools),
         description="The one list of allowed tools every arm runs with (--allowedTools). "
-        f"Default: {' '.join(DEFAULT_ALLOWED_TOOLS)}.",
+        f"Default: {' '.join(harnesses.HARNESS.allowed_tools)}.",
     )
     disallowed_tools: list[str] = Field(
-        default_factory=lambda: ["WebSearch", "WebFetch"],
-        description="Tools denied to every arm (--disallowedTools). Default: WebSearch WebFetch.",
+        default_factory=lambda: list(harnesses.HARNESS.disallowed_tools),
+        description=f"Tools denied to every arm (--disallowedTools). Default: {' '.join(harnesses.HARNESS.disallowed_tools)}.",
     )
     timeout_seconds: float = Field(
         1800.0, gt=0, description="Wall-clock limit of one session, in seconds; the session is then killed "

@@ -303,6 +303,10 @@ def main(args: list[str]) -> int:
         return 0
     if args[:2] == ["harness", "--"] and len(args) > 2:
         creds, target = env.get("PROBE_CREDENTIALS_FILE"), env.get("PROBE_CREDENTIALS_TARGET")
+        if creds and not target:  # a pod built by another version: the login would be silently lost
+            print("probe harness: refused: PROBE_CREDENTIALS_FILE without PROBE_CREDENTIALS_TARGET (where the harness "
+                  "reads it); the controller and the harness image are of different versions", file=sys.stderr)
+            return 2
         return harness(args[2:], Path(env["PROBE_SOCKET_DIR"]), float(env.get("PROBE_TIMEOUT_SECONDS", "1800")),
                        (Path(creds), Path(target)) if creds and target else None)
     print("usage: python3 -m runner.entrypoints.pod reader | harness -- COMMAND...", file=sys.stderr)

@@ -194,12 +194,11 @@ def harness_argv(plan: Plan, settings: Settings) -> list[str]:
     return [harness_path(), *harnesses.HARNESS.flags(plan, settings)]
 
 
-def harness_env(settings: Settings, base_url: str | None = None, token: str | None = None) -> dict[str, str]:
-    """The harness's whole environment; its directories are the paths inside the sandbox, its
-    provider ``base_url`` (default: provider.base_url) with ``token`` as its credential (see
-    LocalExecutor._session_env)."""
-    reach = Reach(CONFIG_DIR, base_url or settings.provider.base_url, token)
-    return {**harnesses.HARNESS.environment(reach, settings.harness.env), "PROBE_LOG_DIR": LOG_DIR}
+def harness_env(settings: Settings) -> dict[str, str]:
+    """The harness's whole environment but its credential (see LocalExecutor._session_env); its
+    directories are the paths inside the sandbox."""
+    reach = Reach(CONFIG_DIR, settings.provider.base_url)
+    return {**harnesses.HARNESS.environment(reach), "PROBE_LOG_DIR": LOG_DIR, **settings.harness.env}
 
 
 def local_remedies(campaign: str) -> Remedies:
@@ -276,11 +275,13 @@ class LocalExecutor:
     def _session_env(self, keys: SessionKeys) -> dict[str, str]:
         """The harness's environment: with the gateway, its base URL and a token of this
         attempt (valid for the session's time limit and a margin) in place of the key."""
-        key = self.settings.provider.api_key
+        harness, env, key = harnesses.HARNESS, harness_env(self.settings), self.settings.provider.api_key
         if self.gateway is not None:
-            return harness_env(self.settings, self.gateway.url, self.gateway.token(keys, self.settings.harness.timeout_seconds + 300))
-        # gateway.enabled false: the key itself, readable by the session
-        return harness_env(self.settings, token=None if key is None else key.get_secret_value())
+            token = self.gateway.token(keys, self.settings.harness.timeout_seconds + 300)
+            env.update(harness.route(Reach(CONFIG_DIR, self.gateway.url, token)))
+        elif key is not None:  # gateway.enabled false: the key itself, readable by the session
+            env[harness.credential_variable] = key.get_secret_value()
+        return env
 
     def remedies(self, campaign: str) -> Remedies:
         return local_remedies(campaign)

@@ -106,10 +106,16 @@ class Harness:
     install: str  # the command that installs that version
     executable: str  # its name on the harness image's PATH (the Kubernetes executor's argv[0])
     flags: Callable[[Plan, Settings], list[str]]  # everything after the executable (the task goes on stdin)
-    environment: Callable[[Reach, Mapping[str, str]], dict[str, str]]  # (reach, the operator's extras): all of it but the executor's own variables
+    budget_flag: str  # the flag that gives it a session's spend limit (the transcript names it)
+    stated_cost: str  # the result line's field stating what the session cost (the transcript names it)
+    allowed_tools: tuple[str, ...]  # the default one list of allowed tools (harness.allowed_tools), as permission rules
+    disallowed_tools: tuple[str, ...]  # the tools denied to every arm by default (harness.disallowed_tools)
+    environment: Callable[[Reach], dict[str, str]]  # its whole environment but the operator's extras and the executor's own variables
+    route: Callable[[Reach], dict[str, str]]  # of that, the variables that tell it its provider (base URL, proxy, credential)
     credential_variable: str  # the environment variable a key goes in (where the key is the session's to read)
     ca_variable: str  # the environment variable naming a file of roots it trusts besides the public ones
     credentials_file: str  # the file name, in its configuration directory, of a credentials file
+    credentials_path: Callable[[Mapping[str, str]], str]  # where it reads that file, given its whole environment
     host_skill_dirs: Callable[[Mapping[str, str]], list[Path]]  # a host's skill directories, given its environment
     parse: Callable[[Iterable[bytes], bool], ParsedStream]  # (lines, ended_by_driver): see runner/stream.py
     tools: Tools

@@ -143,8 +143,9 @@ class Route:
 def harness_env(settings: Settings, task: str, route: Route) -> list[dict[str, Any]]:
     k = settings.kube
     harness = harnesses.HARNESS
+    variables = {**harness.environment(Reach(CONFIG_DIR, route.base_url, route.token, route.proxy)), **settings.harness.env}
     env = _env({
-        **harness.environment(Reach(CONFIG_DIR, route.base_url, route.token, route.proxy), settings.harness.env),
+        **variables,
         # Read and removed from the environment by the entry point before the CLI starts.
         "PROBE_TASK": task,
         "PROBE_SOCKET_DIR": SOCKET_DIR,
@@ -152,7 +153,7 @@ def harness_env(settings: Settings, task: str, route: Route) -> list[dict[str, A
     })
     if route.token is None:  # the egress proxy: the session reads the credentials, and TLS is its own
         env += _env({"PROBE_CREDENTIALS_FILE": f"{SECRET_DIR}/credentials.json",
-                     "PROBE_CREDENTIALS_TARGET": f"{CONFIG_DIR}/{harness.credentials_file}"})
+                     "PROBE_CREDENTIALS_TARGET": harness.credentials_path(variables)})
         if k.provider_ca_configmap:
             env.append({"name": harness.ca_variable, "value": f"{PROVIDER_CA_DIR}/ca.crt"})
         if k.credentials_secret:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE, ConfinementError, KeyRefused, UserError
 
 if TYPE_CHECKING:  # the CLI imports this table before anything heavy
-    from runner.campaign import RunReport
+    from runner.campaign import StopCause
     from runner.status import Stopped
 
 
@@ -60,16 +60,7 @@ def error_outcome(error: UserError) -> Outcome:
     return Outcome.BAD_INPUT
 
 
-def stop_outcome(report: RunReport) -> Outcome | None:
-    """Why a run left sessions that no retry of it starts, in the order RunReport.stopped words
-    them (a failed confinement check, a refused key, the budget); None when it left none."""
-    if report.unconfined:
-        return Outcome.UNCONFINED
-    if report.halted:
-        return Outcome.KEY_REFUSED
-    if report.over_budget:
-        return Outcome.OVER_BUDGET
-    return None
+STOPS: dict[StopCause, Outcome] = {"unconfined": Outcome.UNCONFINED, "key": Outcome.KEY_REFUSED, "budget": Outcome.OVER_BUDGET}
 
 
 def written_outcome(not_started: bool, unfinished: bool, refused: bool) -> Outcome:

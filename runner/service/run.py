@@ -3,7 +3,7 @@
 name, every session that has not run, the executor closed whatever happens, then the
 transform; and what it came to (``CampaignRun``: the sessions left, what the transform wrote,
 the stop). The CLI parses and renders around it; nothing here prints (the sessions' progress
-goes to the stream the caller gives)."""
+goes to the subscriber the caller gives: runner/progress.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from runner.executors.registry import make_executor
 from runner.ledger import Ledger, sessions_digest
 from runner.plan import Plan
 from runner.progress import RunSubscriber, ignore
-from runner.service.outcome import Outcome, error_outcome, exit_status, stop_outcome, written_outcome
+from runner.service.outcome import STOPS, Outcome, error_outcome, exit_status, written_outcome
 from runner.service.stored import campaign_lock, mark_run, stored_campaign
 from runner.settings import Settings
 from runner.store import Store, open_store
@@ -123,10 +123,8 @@ def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "
 
 def run_stop(report: RunReport) -> Stop | None:
     """The stop a run's report makes, in its words (RunReport.stopped), and what it came to."""
-    stopped, outcome = report.stopped(), stop_outcome(report)
-    if stopped is None or outcome is None:
-        return None
-    return Stop(stopped[0], outcome)
+    stopped = report.stopped()
+    return None if stopped is None else Stop(stopped[0], STOPS[stopped[1]])
 
 
 def record_stop(store: Store, plan: Plan, why: str, code: int, ledger_read: str) -> None:

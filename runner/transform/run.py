@@ -47,7 +47,7 @@ COMPARABILITY_PROSE = (
 class Refusal(TypedDict):
     """One entry of ``refusals.json``: a session not recorded or refused by the recorder (scope
     "session"), an event the intake dropped ("event"), a transcript it refused ("transcript").
-    Keys in the order they are written."""
+    Each scope writes its keys in an order of its own (the bytes of refusals.json keep it)."""
 
     scope: str
     probe: NotRequired[str | None]    # session and event scopes (an event may name none)
@@ -282,7 +282,7 @@ def _prose(plan: Plan, arm: str, outcomes: list[SessionOutcome], captures: list[
                      f"without a result line states no cost, so its cost is the gateway's meter where one metered it.")
     stopped = [o for o in outcomes if o.over_budget and o.event is not None]
     if stopped:
-        prose.append(f"Its own spend limit (the CLI's --max-budget-usd, or the gateway's meter of every call made "
+        prose.append(f"Its own spend limit (the CLI's {harnesses.HARNESS.budget_flag}, or the gateway's meter of every call made "
                      f"with its token) ended {len(stopped)} session(s) "
                      f"({', '.join(f'{o.probe} {o.session}' for o in stopped)}): each is recorded with the calls it "
                      f"made until then and answer null, as its stream says; the CLI stops after the answer that "
@@ -299,7 +299,7 @@ def _cost_prose(outcomes: list[SessionOutcome], captures: list[dict[str, Any]]) 
     unknown = [f"{o.probe} {o.session}" for o, c in zip(outcomes, captures, strict=True)
                if realized_cost(o.cost_usd, c.get("gateway")) is None]
     text = (f"cost_cents is the realized cost of the {len(outcomes)} captured sessions of this arm, refused ones "
-            f"included: for each, the larger of its result line's total_cost_usd and the provider gateway's meter "
+            f"included: for each, the larger of its result line's {harnesses.HARNESS.stated_cost} and the provider gateway's meter "
             f"of its calls (as the budget's books settle it), summed exactly and rounded up to whole cents.")
     if unknown:
         text += (f" The cost of {len(unknown)} of them is not known ({', '.join(unknown)}): each ended without a "

@@ -18,9 +18,9 @@ from fidelity import events, plan_of, probe, record, stream_uses, use, write_cor
 
 from runner import digest, layout
 from runner.budget import books
+from runner.harnesses import CLAUDE_CODE
 from runner.harnesses.claude_code.command import tool_names
 from runner.ledger import Ledger
-from runner.settings import DEFAULT_ALLOWED_TOOLS
 from runner.transform.transcript import parse as parse_transcript
 
 IDENT = "HW-[A-Z]+-[0-9]{4}"
@@ -166,7 +166,7 @@ def test_a_tool_outside_the_one_list_does_not_run(fidelity3):
     store = fidelity3["store"]
     init = next(json.loads(x) for x in store.get(layout.SessionKeys("fidelity3", "HW-PRB-0305", "present-001").stream).splitlines()
                 if json.loads(x).get("subtype") == "init")
-    assert set(init["tools"]) <= set(tool_names(DEFAULT_ALLOWED_TOOLS))
+    assert set(init["tools"]) <= set(tool_names(list(CLAUDE_CODE.allowed_tools)))
     uses = stream_uses(store, "fidelity3", "HW-PRB-0305")
     assert all("No such tool available" in r for _, r in uses), uses
     e = fidelity3["events"]["HW-PRB-0305"]

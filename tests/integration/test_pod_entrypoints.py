@@ -151,3 +151,15 @@ def _pack_as_the_reader(ws: Path) -> None:
     tmpdir = made.stdout.strip().removeprefix("./")
     assert {f"./{tmpdir}/notes", "./top.md", "./link"} <= set(after.stdout.split())
     assert os.readlink(ws / "link") == "/etc/shadow"  # a link stays a link: nothing was followed
+
+
+def test_the_harness_wrapper_refuses_credentials_it_cannot_place():
+    """The pod's builder says where the harness reads a credentials file
+    (PROBE_CREDENTIALS_TARGET, from the harness seam); a pod without it (built by another version)
+    would lose the login silently, so the wrapper refuses before anything runs."""
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "PROBE_SOCKET_DIR": "/nonexistent",
+           "PROBE_CREDENTIALS_FILE": "/run/probe/secret/credentials.json"}
+    out = subprocess.run([sys.executable, "-m", "runner.entrypoints.pod", "harness", "--", "true"], env=env,
+                         capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2
+    assert "PROBE_CREDENTIALS_FILE without PROBE_CREDENTIALS_TARGET" in out.stderr

@@ -3,10 +3,10 @@
 real helm, kubectl and CLI, in the order an operator meets them, with each story ending where the
 manual says it ends:
 
-1. a wrong key in the install (the README's own placeholder ``sk-...``): ``helm test`` and
+1. a wrong key in the install (the manual's own placeholder ``sk-...``): ``helm test`` and
    ``doctor --cluster`` name it, a campaign submitted anyway stops before its first session
    (exit 2, nothing journaled, nothing sent to the provider but key checks); the key fixed as
-   the README says (the Secret, the gateway's restart, ``helm test`` right after the rollout),
+   the manual says (the Secret, the gateway's restart, ``helm test`` right after the rollout),
    the campaign submitted again runs to its transcripts, pulled;
 2. a budget stop (exit 3), a resubmit with other flags while its Job exists (refused, exit 2),
    and the budget raised by deleting the Job and submitting again: nothing repeats;
@@ -18,7 +18,7 @@ manual says it ends:
 Only what this machine cannot give is changed in a command, each change listed in ``SUBS`` or
 beside the call: the chart gets this node's values (its images, the scripted provider's address
 and CA, moto's endpoint) as one more ``-f``. The test ends by checking that every command of the
-section was played, so a command added to the README without its story here fails it."""
+section was played, so a command added to the manual without its story here fails it."""
 
 from __future__ import annotations
 
@@ -42,9 +42,9 @@ from runner.store import open_store
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(2400)
-README = Path(__file__).resolve().parents[2] / "README.md"
-OPERATING = README.parent / "docs" / "operating.md"  # the README's operator section, moved there (issue 30, item 5)
-NS = "probe-runner"  # the README's namespace and release
+REPO = Path(__file__).resolve().parents[2]
+OPERATING = REPO / "docs" / "operating.md"  # the operator's manual (the manual's section until issue 30, item 5)
+NS = "probe-runner"  # the manual's namespace and release
 RIGHT_KEY = "demo-key"  # what the scripted provider accepts (conftest.serve_provider)
 SECOND_KEY = "sk-second-key"  # the key it accepts once the first lost its permission (story 3)
 
@@ -65,21 +65,21 @@ def section_commands() -> list[str]:
 
 
 class Operator:
-    """A workstation that types the README's commands: bash in ``cwd`` with the tools on PATH."""
+    """A workstation that types the manual's commands: bash in ``cwd`` with the tools on PATH."""
 
     def __init__(self, node: Any, tmp: Path, bucket_endpoint: str, helm: str, bucket_env: dict[str, str]) -> None:
         self.commands = section_commands()
         self.played: set[str] = set()
         self.cwd = tmp / "ws"
         self.cwd.mkdir()
-        (self.cwd / "helm").symlink_to(README.parent / "helm")  # `helm install ... helm/probe-runner`
+        (self.cwd / "helm").symlink_to(REPO / "helm")  # `helm install ... helm/probe-runner`
         (tmp / "corpus").symlink_to(demo.CORPUS)  # `--corpus ../corpus`
         bin_dir = tmp / "bin"
         bin_dir.mkdir()
         for name, target in (("kubectl", node.bins["kubectl"]), ("helm", helm)):
             (bin_dir / name).symlink_to(target)
         (bin_dir / "probe-runner").write_text(  # this checkout's runner, whatever the editable install names
-            f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(README.parent))} exec {shlex.quote(sys.executable)} -m runner \"$@\"\n")
+            f"#!/bin/sh\nPYTHONPATH={shlex.quote(str(REPO))} exec {shlex.quote(sys.executable)} -m runner \"$@\"\n")
         (bin_dir / "probe-runner").chmod(0o755)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         self.env.update({**bucket_env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(node.kubeconfig),
@@ -95,7 +95,7 @@ class Operator:
 
     def run(self, prefix: str, subs: dict[str, str] | None = None, extra: str = "", timeout: float = 300,
             expect: int | None = 0) -> subprocess.CompletedProcess[str]:
-        """The README's command beginning with ``prefix``, with ``subs`` (README text -> this
+        """The manual's command beginning with ``prefix``, with ``subs`` (manual text -> this
         machine's) and ``extra`` words appended, run through bash; ``expect``: its exit status."""
         line = self.find(prefix)
         self.played.add(line)
@@ -110,7 +110,7 @@ class Operator:
         return done
 
     def export(self, prefix: str) -> None:
-        """An ``export A=B C=D`` line of the README, into the workstation's environment."""
+        """An ``export A=B C=D`` line of the manual, into the workstation's environment."""
         command = self.find(prefix)
         self.played.add(command)
         for word in shlex.split(command)[1:]:
@@ -148,7 +148,7 @@ def _watch(op: Operator, campaign: str, expect: int) -> str:
 
 
 def _fix_key(op: Operator, key: str) -> None:
-    """The README's remedy for a refused key, and `helm test` at once after the rollout (it
+    """The manual's remedy for a refused key, and `helm test` at once after the rollout (it
     once failed while the old gateway pod was terminating: runner/gateway/cluster.py)."""
     op.run("kubectl -n probe-runner create secret generic provider --from-literal=api-key=sk-... --dry-run",
            {"sk-...": key})
@@ -171,7 +171,7 @@ def test_an_operators_second_day_follows_the_readme_to_where_it_says_each_story_
     node, (endpoint, _) = real_node, bucket
     for k, v in bucket_env.items():
         monkeypatch.setenv(k, v)
-    boto3.client("s3", endpoint_url=endpoint, region_name="eu-west-1").create_bucket(  # the README's bucket
+    boto3.client("s3", endpoint_url=endpoint, region_name="eu-west-1").create_bucket(  # the manual's bucket
         Bucket="my-bucket", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
     op = Operator(node, tmp_path, endpoint, helm_binary, bucket_env)
     seen = len(provider.server.requests)
@@ -179,11 +179,11 @@ def test_an_operators_second_day_follows_the_readme_to_where_it_says_each_story_
     mine = node_values_for()
     for key in ("credentialsSecret",):
         mine["provider"].pop(key)
-    mine["bucket"] = {"endpoint": mine["bucket"]["endpoint"]}  # the README's --set gives store, region, Secret
+    mine["bucket"] = {"endpoint": mine["bucket"]["endpoint"]}  # the manual's --set gives store, region, Secret
     values.write_text(json.dumps(mine))
     uid = secrets.token_hex(3)
     try:
-        # ---- install, with the README's placeholder as the key: a wrong one ----------------------
+        # ---- install, with the manual's placeholder as the key: a wrong one ----------------------
         op.run("kubectl create namespace")
         op.run("kubectl label namespace")
         op.run("kubectl -n probe-runner create secret generic provider --from-literal=api-key=sk-...")
@@ -203,7 +203,7 @@ def test_an_operators_second_day_follows_the_readme_to_where_it_says_each_story_
         stopped = _watch(op, key_campaign, 2)
         assert "the last run stopped" in stopped and "the key check before the first session: the provider refused " \
             "the key" in stopped, stopped
-        assert f"`kubectl -n {NS} rollout restart deployment/{NS}-gateway`" in stopped, stopped  # the README's remedy
+        assert f"`kubectl -n {NS} rollout restart deployment/{NS}-gateway`" in stopped, stopped  # the manual's remedy
         assert f"kubectl delete job {job}" in stopped, stopped
         assert _ledger(op, key_campaign).sessions() == {}  # nothing journaled
         asked = [(r["path"].split("?")[0], r["credential"]) for r in provider.server.requests[seen:]]
@@ -266,7 +266,7 @@ def test_an_operators_second_day_follows_the_readme_to_where_it_says_each_story_
         op.run("helm uninstall", timeout=200)
         op.run("kubectl -n probe-runner delete networkpolicy")
         assert not node.kubectl("-n", NS, "get", "deploy,networkpolicy", "-o", "name").stdout.strip()
-        assert sorted(set(op.commands) - op.played) == [], "README commands no story played"
+        assert sorted(set(op.commands) - op.played) == [], "manual commands no story played"
     finally:
         provider.server.api_key, provider.server.refusal_status = RIGHT_KEY, 401
         node.kubectl("delete", "namespace", NS, "--wait=false", check=False)

@@ -6,6 +6,7 @@ its log, never a skip."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,7 +104,7 @@ def build_while_collecting(config: pytest.Config, items: list[pytest.Item], tier
         if reporter is not None:
             reporter.write_line(msg)
 
-    with capman.global_and_fixture_disabled():
+    with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():  # -p no:capture
         for b in builds:
             say(f"tests/{tier.name}: ensuring {b.name} ({b.script.name}; cache {cache_root()}{note}; log in {b.log})")
             try:

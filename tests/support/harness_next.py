@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from runner.harnesses import CLAUDE_CODE
@@ -38,8 +38,8 @@ def _flags(plan: Plan, settings: Settings) -> list[str]:
     return [*CLAUDE_CODE.flags(plan, settings), FLAG]
 
 
-def _environment(reach: Reach, extra: Mapping[str, str]) -> dict[str, str]:
-    return {**CLAUDE_CODE.environment(reach, extra), "CLAUDE_CODE_STRICT_STREAM": "1"}
+def _environment(reach: Reach) -> dict[str, str]:
+    return {**CLAUDE_CODE.environment(reach), "CLAUDE_CODE_STRICT_STREAM": "1"}
 
 
 def _as_before(lines: Iterable[bytes]) -> Iterator[bytes]:

@@ -37,6 +37,7 @@ class PlainExecutor:
     confinement: str = "unconfined: the harness ran as a plain process of the test host (a test executor)"
     waiting_room: int = 0
     harness: str | None = None
+    harness_version: str | None = None  # what the harness says it is (``--version``), as the local executor records it
 
     def remedies(self, campaign: str) -> Remedies:
         return Remedies(campaign, "run the test again", "--corpus DIR", "fix the provider's key")
@@ -46,6 +47,8 @@ class PlainExecutor:
         if not found:
             raise UserError(f"harness {self.settings.harness.command!r} not found ({harnesses.HARNESS.install})")
         self.harness = found
+        done = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60, check=False)
+        self.harness_version = done.stdout.strip() or None
 
     def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
         return set()  # nothing of this executor outlives its process
@@ -57,8 +60,8 @@ class PlainExecutor:
         config = scratch / "config"
         config.mkdir(mode=0o700)
         key = s.provider.api_key
-        env = harness.environment(Reach(str(config), s.provider.base_url, None if key is None else key.get_secret_value()),
-                                  s.harness.env)
+        env = {**harness.environment(Reach(str(config), s.provider.base_url, None if key is None else key.get_secret_value())),
+               **s.harness.env}
         argv = [self.harness, *harness.flags(plan, s)]
         started()
         started_at = now()
@@ -85,7 +88,7 @@ class PlainExecutor:
             "executor": self.name,
             "confinement": self.confinement,
             "network_confined": False,
-            "harness": {"path": self.harness, "version": harness.version, "argv": argv,
+            "harness": {"path": self.harness, "version": self.harness_version, "argv": argv,
                         "allowed_tools": s.harness.allowed_tools, "disallowed_tools": s.harness.disallowed_tools},
             "started_at": started_at,
             "ended_at": now(),

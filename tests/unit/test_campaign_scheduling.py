@@ -112,12 +112,12 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     halted = RunReport(cluster, halted="the provider refused the key (HTTP 401)", refused=["P/s-001", "P/s-003"])
     assert halted.stopped() == (
         f"halted: the provider refused the key (HTTP 401); {FIX_KEY}, then `probe-runner ledger resume c1 P/s-001 "
-        "P/s-003 --job` runs again the sessions that failed on it and starts those not started", 2)
+        "P/s-003 --job` runs again the sessions that failed on it and starts those not started", "key")
     assert RunReport(local, halted="the key check refused it").stopped() == (
-        "halted: the key check refused it; fix the provider's key, then `probe-runner run` it again", 2)
+        "halted: the key check refused it; fix the provider's key, then `probe-runner run` it again", "key")
     assert RunReport(cluster, halted="the key check refused it").stopped() == (
         f"halted: the key check refused it; {FIX_KEY}, then delete the campaign's ended controller Job (`kubectl "
-        f"delete job {job}`) and `probe-runner submit` it again", 2)
+        f"delete job {job}`) and `probe-runner submit` it again", "key")
     # The confinement monitor's halts: the key's is the key's remedy and exit 2, a route's exit 12.
     from runner.executors.base import Halt
 
@@ -127,8 +127,8 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     assert (both.halted, both.unconfined) == ("check 2: the provider refused the key", "check 3: a route opened")
     keyed = RunReport(cluster)
     keyed.halt(Halt("check 2: the provider refused the key", key=True))
-    assert keyed.stopped()[1] == 2 and "fix the key in the install's credentials Secret" in keyed.stopped()[0]
+    assert keyed.stopped()[1] == "key" and "fix the key in the install's credentials Secret" in keyed.stopped()[0]
     budget = RunReport(local, over_budget=["P/s-002"], budget_why="$1.25 does not fit")
     assert budget.stopped() == ("budget: 1 session(s) not started, e.g. P/s-002: $1.25 does not fit. Nothing of them is "
                                 "journaled; raise the budget (--budget-usd) and `probe-runner run` it again to start "
-                                "them", 3)
+                                "them", "budget")

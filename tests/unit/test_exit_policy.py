@@ -12,13 +12,14 @@ from runner.executors.base import Remedies
 from runner.ledger import LedgerError
 from runner.service.outcome import (
     EXIT_STATUS,
+    STOPS,
     Outcome,
     error_outcome,
     exit_status,
-    stop_outcome,
     watched_exit,
     written_outcome,
 )
+from runner.service.run import run_stop
 from runner.settings import KubeSettings
 from runner.status import Stopped
 
@@ -64,11 +65,11 @@ def _report(**fields: object) -> RunReport:
 ])
 def test_a_stop_exits_as_the_run_words_it(fields, outcome):
     report = _report(**fields)
-    assert stop_outcome(report) is outcome
-    stopped = report.stopped()
+    stop, stopped = run_stop(report), report.stopped()
+    assert (None if stop is None else stop.outcome) is outcome
     assert (stopped is None) == (outcome is None)
-    if stopped is not None and outcome is not None:
-        assert stopped[1] == exit_status(outcome)
+    if stop is not None and stopped is not None:
+        assert stop.why == stopped[0] and STOPS[stopped[1]] is outcome
 
 
 @pytest.mark.parametrize(("not_started", "unfinished", "refused", "outcome"), [

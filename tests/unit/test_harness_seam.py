@@ -74,7 +74,8 @@ def test_both_executors_run_the_command_line_and_environment_of_the_harness_in_u
     harness = pod["spec"]["containers"][1]
     assert harness["args"] == [*before[2]["spec"]["containers"][1]["args"], harness_next.FLAG]
     names = [e["name"] for e in harness["env"]]
-    assert names == [e["name"] for e in before[2]["spec"]["containers"][1]["env"]][:-3] + ["CLAUDE_CODE_STRICT_STREAM"] + names[-3:]
+    probe = ["PROBE_TASK", "PROBE_SOCKET_DIR", "PROBE_TIMEOUT_SECONDS"]  # the entry point's own, last
+    assert names == [e["name"] for e in before[2]["spec"]["containers"][1]["env"]][:-3] + ["CLAUDE_CODE_STRICT_STREAM"] + probe
     assert {"name": "CLAUDE_CODE_STRICT_STREAM", "value": "1"} in harness["env"]
 
 
@@ -129,7 +130,11 @@ def test_a_version_bump_touches_one_package():
     configuration's names (prose may cite what was measured with it): a bump has nowhere else to go (the import contract holds the imports)."""
     root = Path(__file__).parents[2] / "runner"
     needles = [f'"{harnesses.CLAUDE_CODE.version}"', '"tool_use_result"', '"CLAUDE_CONFIG_DIR"', '"ANTHROPIC_API_KEY"',
-               '"api_retry"', '"error_max_turns"', '"x-claude-code-session-id"', '"NODE_EXTRA_CA_CERTS"']
-    found = {str(p.relative_to(root)): n for p in root.rglob("*.py") if "harnesses" not in p.parts and p.name != "provider.py"
+               '"ANTHROPIC_BASE_URL"', '"api_retry"', '"error_max_turns"', '"error_max_budget_usd"', '"x-claude-code-session-id"',
+               '"NODE_EXTRA_CA_CERTS"', '"--max-budget-usd"', '"total_cost_usd"', '"--allowedTools"', '".credentials.json"',
+               '"claude"', '"Bash"', '"mcp__"']
+    # the scripted provider plays the provider's side of the CLI's calls: test infrastructure shipped for the demo
+    found = {str(p.relative_to(root)): n for p in root.rglob("*.py")
+             if "harnesses" not in p.parts and p != root / "demo" / "provider.py"
              for n in needles if n in p.read_text()}
     assert found == {}

@@ -341,3 +341,17 @@ def test_the_capture_volume_has_a_budget_of_its_own(plan):
     pod = manifests.session_pod(settings, plan, "HW-PRB-0008", "absent-002", 1, "t", PROXY)
     sizes = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod["spec"]["volumes"] if "emptyDir" in v}
     assert sizes["capture"] == "5Gi" and sizes["workspace"] == sizes["tmp"] == "1Gi"
+
+
+def test_the_operators_harness_env_comes_after_the_harness_own_and_moves_its_credentials(plan):
+    """harness.env is laid over the harness's own variables (as it always was), and a
+    configuration directory moved there moves where the entry point puts a credentials file
+    (PROBE_CREDENTIALS_TARGET, as the harness seam says the CLI reads it)."""
+    settings = Settings(store="file:///tmp/s", kube={"credentials_secret": "provider"},
+                        harness={"env": {"CLAUDE_CONFIG_DIR": "/run/probe/config/alt", "CLAUDE_CODE_MAX_RETRIES": "3"}})
+    pod = manifests.session_pod(settings, plan, "HW-PRB-0007", "present-001", 1, "task", PROXY)
+    env = pod["spec"]["containers"][1]["env"]
+    names = [e["name"] for e in env]
+    assert names[names.index("DISABLE_AUTOUPDATER") + 1:names.index("PROBE_TASK")] == ["CLAUDE_CODE_MAX_RETRIES"]
+    assert {e["name"]: e.get("value") for e in env}["CLAUDE_CONFIG_DIR"] == "/run/probe/config/alt"
+    assert {"name": "PROBE_CREDENTIALS_TARGET", "value": "/run/probe/config/alt/.credentials.json"} in env

@@ -19,6 +19,11 @@ if TYPE_CHECKING:
 VERSION = "2.1.197"
 INSTALL = f"npm install -g @anthropic-ai/claude-code@{VERSION}"
 EXECUTABLE = "claude"
+BUDGET_FLAG = "--max-budget-usd"  # a session's spend limit, checked by the CLI after each answer
+# Skill is on it because the present arm loads the workspace's skills "because they are what a
+# campaign measures", and a skill reaches the session through the Skill tool alone.
+ALLOWED_TOOLS = ("Read", "Grep", "Glob", "Edit", "Write", "MultiEdit", "NotebookEdit", "Bash", "Skill")
+DISALLOWED_TOOLS = ("WebSearch", "WebFetch")
 CREDENTIAL_VARIABLE = "ANTHROPIC_API_KEY"
 CREDENTIALS_FILE = ".credentials.json"
 # How every session ran, in the transcript's words ({allowed}: the one list of allowed tools).
@@ -58,31 +63,38 @@ def flags(plan: Plan, settings: Settings) -> list[str]:
     if h.max_turns:
         argv += ["--max-turns", str(h.max_turns)]
     if settings.budget.session_usd is not None:
-        argv += ["--max-budget-usd", str(settings.budget.session_usd)]
+        argv += [BUDGET_FLAG, str(settings.budget.session_usd)]
     return argv
 
 
-def environment(reach: Reach, extra: Mapping[str, str]) -> dict[str, str]:
-    """The CLI's environment: its configuration in the session's own directory, the provider
-    as ``reach`` gives it, none of its traffic besides the session's calls, and the operator's
-    ``extra`` variables (harness.env) over those but never over the provider's route."""
-    route = {
+def route(reach: Reach) -> dict[str, str]:
+    """How the CLI is told its provider: the base URL, the proxy it goes through, its credential."""
+    return {
         "ANTHROPIC_BASE_URL": reach.base_url,
         **({"HTTPS_PROXY": reach.proxy} if reach.proxy else {}),
         **({CREDENTIAL_VARIABLE: reach.token} if reach.token else {}),
     }
-    env = {
+
+
+def environment(reach: Reach) -> dict[str, str]:
+    """The CLI's environment: its configuration in the session's own directory, the provider
+    as ``reach`` gives it, none of its traffic besides the session's calls."""
+    return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": reach.config_dir,
         "CLAUDE_CONFIG_DIR": reach.config_dir,
         "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
-        **route,
+        **route(reach),
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
     }
-    env.update((k, v) for k, v in extra.items() if k not in route)
-    return env
+
+
+def credentials_path(environ: Mapping[str, str]) -> str:
+    """Where, given its environment, the CLI reads a credentials file: its configuration
+    directory (CLAUDE_CONFIG_DIR, else HOME)."""
+    return str(Path(environ.get("CLAUDE_CONFIG_DIR", environ.get("HOME", "/tmp"))) / CREDENTIALS_FILE)
 
 
 def host_skill_dirs(environ: Mapping[str, str]) -> list[Path]:

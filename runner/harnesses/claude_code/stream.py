@@ -89,6 +89,7 @@ ARGUMENT_KEYS: dict[str, tuple[str, ...]] = {
 # TaskStop names the task or, in older CLIs, the shell: either identifies it.
 _ANY_OF = {"TaskStop"}
 PATH_INPUT_KEYS = ("file_path", "notebook_path", "path")
+STATED_COST = "total_cost_usd"  # the result line's field stating what the session cost
 # The vocabulary as the transform reads it (runner/harnesses/contract.py's Tools).
 TOOLS = Tools(
     writes=WRITE_TOOLS, reads=READ_TOOLS, searches=SEARCH_TOOLS, lists=frozenset({"LS"}),
@@ -168,7 +169,7 @@ def _load(raw: bytes, n: int, last: bool) -> dict[str, Any] | None:
 
 
 def _result_cost(line: dict[str, Any]) -> Decimal | None:
-    for key in ("total_cost_usd", "cost_usd"):  # cost_usd: the name older CLI versions used
+    for key in (STATED_COST, "cost_usd"):  # cost_usd: the name older CLI versions used
         value = line.get(key)
         if isinstance(value, (int, float, Decimal)) and not isinstance(value, bool):
             return Decimal(str(value)) if not isinstance(value, Decimal) else value
