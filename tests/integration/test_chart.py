@@ -127,11 +127,19 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
                 "Pod"]  # helm test's confinement check
     # the gateway's own Role, binding and token Secret; without it, the proxy's squid.conf
     expected += ["Role", "RoleBinding", "Secret"] if gateway else ["ConfigMap"]
+    m = v["metrics"]
+    if m["enabled"]:  # the metrics Services (the gateway's with the gateway), their policy, the dashboard
+        expected += ["Service"] * (2 if gateway else 1) + (["NetworkPolicy"] if m["allowFrom"] else [])
+        expected += (["ConfigMap"] if m["dashboard"]["enabled"] else []) + \
+            (["ServiceMonitor"] if m["serviceMonitor"]["enabled"] else [])
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
                            + (["Job"] if v["transformJob"]["campaign"] else []))
     for obj in objs:
         if obj["kind"] == "CiliumNetworkPolicy":  # a CRD: not in the Kubernetes schema
             assert obj["apiVersion"] == "cilium.io/v2"
+            continue
+        if obj["kind"] == "ServiceMonitor":  # the Prometheus Operator's CRD: see test_the_service_monitor_*
+            assert obj["apiVersion"] == "monitoring.coreos.com/v1"
             continue
         try:
             kubernetes_validate.validate(obj, KUBE_SCHEMA_VERSION, strict=True)
@@ -160,6 +168,13 @@ def test_the_controller_job_submit_builds_is_valid_against_the_kubernetes_schema
     (("provider.caBundle=not a certificate",), "at '/provider/caBundle'"),
     (("session.canary.intervalSeconds=-1",), "at '/session/canary/intervalSeconds': minimum: got -1, want 0"),
     (("session.canary.extraTargets={db.internal}",), "at '/session/canary/extraTargets/0'"),
+    (("metrics.port=0",), "at '/metrics/port': minimum: got 0, want 1"),
+    (("metrics.enabled=yes",), "at '/metrics/enabled': got string, want boolean"),
+    (("metrics.serviceMonitor.interval=soon",), "at '/metrics/serviceMonitor/interval'"),
+    (("metrics.serviceMonitor.labels.release=1",), "at '/metrics/serviceMonitor/labels/release': got number, want string"),
+    (("metrics.allowFrom[0].namespaceSelector.matchLabel.team=obs",),
+     "at '/metrics/allowFrom/0/namespaceSelector': additional properties 'matchLabel' not allowed"),
+    (("metrics.dashboard.labels.a=b",), "at '/metrics/dashboard': additional properties 'labels' not allowed"),
 ])
 def test_the_values_schema_rejects_bad_values_with_a_clear_message(sets, message):
     args = ["template", "probe-runner", str(CHART)]
@@ -268,7 +283,8 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
     bound = by_kind(objs, "RoleBinding")["team-a-controller"]
     assert bound["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": "probes"}]
     # Session pods are selected by the session policy, the route's pods (the gateway's, or the
-    # proxy's) by their own, and no policy of the chart selects the pods of another component.
+    # proxy's) by their own (the gateway's also by the metrics scrape policy), and no policy of
+    # the chart selects the pods of another component.
     plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
     pod = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task", manifests.Route("http://10.96.0.10:8080", token="t"))
     route = names.GATEWAY_COMPONENT if settings.gateway.enabled else names.PROXY_COMPONENT
@@ -280,8 +296,10 @@ def test_what_the_controller_job_and_session_pods_refer_to_is_installed(values):
 
     assert [n for n, p in selecting.items() if selects(p, pod["metadata"]["labels"])] == [
         names.object_name("team-a", "session", "policy")]
-    assert [n for n, p in selecting.items() if selects(p, proxy_labels)] == [
-        names.object_name("team-a", route, "policy")]
+    scrape = names.object_name("team-a", "metrics", "policy")
+    scraped = settings.gateway.enabled and scrape in selecting
+    assert sorted(n for n, p in selecting.items() if selects(p, proxy_labels)) == sorted(
+        [names.object_name("team-a", route, "policy"), *([scrape] if scraped else [])])
     # The Jobs' pods get no ingress, and that policy is no foreign policy to the controller's
     # preflight: it selects no session pod and allows nothing.
     from runner.k8s import policy
@@ -401,6 +419,8 @@ def test_network_policies_are_the_builders(values):
     s = settings_of(objs)
     chart = {**by_kind(objs, "NetworkPolicy"), **by_kind(objs, "CiliumNetworkPolicy")}
     del chart[names.object_name("probe-runner", "jobs", "policy")]  # the Jobs' own, see below
+    if values_of(values)["metrics"]["allowFrom"]:  # the chart's own, selecting no session pod (test_metrics_*)
+        del chart[names.object_name("probe-runner", "metrics", "policy")]
     cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
     if s.gateway.enabled:
         built = [policy.session_network_policy(s), policy.gateway_network_policy(s)]
@@ -421,10 +441,12 @@ def test_policy_names_are_computed_as_names_py_does_for_any_release_name(release
     """The controller tells its own policies from foreign ones by these names."""
     objs = render(release=release)
     assert set(by_kind(objs, "NetworkPolicy")) == {names.object_name(release, c, "policy")
-                                                    for c in (names.SESSION_COMPONENT, names.GATEWAY_COMPONENT, "jobs")}
+                                                    for c in (names.SESSION_COMPONENT, names.GATEWAY_COMPONENT, "jobs",
+                                                              "metrics")}
     objs = render(release=release, sets=("gateway.enabled=false",))
     assert set(by_kind(objs, "NetworkPolicy")) == {names.object_name(release, c, "policy")
-                                                    for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT, "jobs")}
+                                                    for c in (names.SESSION_COMPONENT, names.PROXY_COMPONENT, "jobs",
+                                                              "metrics")}
 
 
 # ---- security defaults -------------------------------------------------------------------------
@@ -500,6 +522,139 @@ def test_notes_say_how_to_submit_and_pull_with_this_install():
     assert "export RUNNER_S3__ENDPOINT_URL=https://s3.example.com\n" in public
     bare = helm("install", "x", str(CHART), "--dry-run=client").stdout
     assert "WARNING: provider.credentialsSecret is empty: the gateway has no key and does not start." in bare
+
+
+# ---- metrics (issue 31, item 1) -------------------------------------------------------------------
+
+METRICS_LABEL = "probe-runner.io/metrics"
+
+
+def _pod_labels(objs: list[dict], settings: Settings) -> dict[str, dict]:
+    """The labels of every kind of pod of an install: the controller Job's (as submit builds it),
+    the transform Job's, a session pod's, the helm test canary's, and each Deployment's."""
+    plan = parse_plan(yaml.safe_load((REPO / "runner" / "demo" / "plan.json").read_text()), "plan")
+    session = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task",
+                                    manifests.Route("http://10.96.0.10:8080", token="t"))
+    out = {"controller": jobs.controller_job(settings, "c1")["spec"]["template"]["metadata"]["labels"],
+           "transform": jobs.transform_job(settings, "c1")["spec"]["template"]["metadata"]["labels"],
+           "session": session["metadata"]["labels"],
+           "helm test": next(iter(by_kind(objs, "Pod").values()))["metadata"]["labels"]}
+    for d in by_kind(objs, "Deployment").values():
+        out[d["metadata"]["labels"][names.COMPONENT]] = d["spec"]["template"]["metadata"]["labels"]
+    return out
+
+
+@pytest.mark.parametrize("values", CASES, ids=CASE_IDS)
+def test_metrics_services_select_the_controller_and_gateway_pods_alone(values):
+    """Each metrics Service selects its component's pods and no other pod of the install (a
+    session pod above all), on the port the settings ConfigMap gives both processes; the
+    gateway's is a container port of its own, apart from the one sessions call."""
+    from runner.k8s import policy
+
+    v = values_of(values)
+    m = v["metrics"]
+    objs = render(values, release="team-a", namespace="probes")
+    settings = settings_of(objs, "team-a")
+    data = by_kind(objs, "ConfigMap")["team-a-settings"]["data"]
+    assert data["RUNNER_METRICS__PORT"] == str(m["port"])
+    pods = _pod_labels(objs, settings)
+    gateway = v["gateway"]["enabled"]
+    services = {n: s for n, s in by_kind(objs, "Service").items() if s["metadata"]["labels"].get(METRICS_LABEL) == "true"}
+    assert sorted(services) == ["team-a-controller-metrics"] + (["team-a-gateway-metrics"] if gateway else [])
+    for name, service in services.items():
+        component = name.removeprefix("team-a-").removesuffix("-metrics")
+        selected = {what for what, labels in pods.items() if service["spec"]["selector"].items() <= labels.items()}
+        assert selected == {component}, name
+        assert service["spec"]["type"] == "ClusterIP"
+        target = "metrics" if component == "gateway" else m["port"]  # the Job's container names no port
+        assert service["spec"]["ports"] == [{"name": "metrics", "port": m["port"], "targetPort": target, "protocol": "TCP"}]
+    # Both processes read RUNNER_METRICS__PORT from the settings ConfigMap.
+    job = jobs.controller_job(settings, "c1")["spec"]["template"]["spec"]["containers"][0]
+    assert {"configMapRef": {"name": "team-a-settings"}} in job["envFrom"]
+    if gateway:
+        container = by_kind(objs, "Deployment")["team-a-gateway"]["spec"]["template"]["spec"]["containers"][0]
+        assert {"configMapRef": {"name": "team-a-settings"}} in container["envFrom"]
+        assert container["ports"] == [{"name": "http", "containerPort": v["gateway"]["port"], "protocol": "TCP"},
+                                      {"name": "metrics", "containerPort": m["port"], "protocol": "TCP"}]
+    # The scrape policy admits metrics.allowFrom to that port of those pods alone, and selects no
+    # session pod: the controller's check for foreign policies over session pods passes beside it.
+    netpol = by_kind(objs, "NetworkPolicy")[names.object_name("team-a", "metrics", "policy")]
+    spec = netpol["spec"]
+    assert {what for what, labels in pods.items() if label_selector_matches(spec["podSelector"], labels)} == \
+        {"controller", *(["gateway"] if gateway else [])}
+    assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
+    assert spec["ingress"] == [{"from": m["allowFrom"], "ports": [{"protocol": "TCP", "port": m["port"]}]}]
+    assert policy.foreign_policies_selecting([netpol], pods["session"], policy.own_policy_names(settings)) == []
+    assert policy.foreign_policies_selecting([netpol], pods["helm test"], policy.own_policy_names(settings)) == []
+
+
+@pytest.mark.parametrize("gateway", [True, False])
+def test_disabled_metrics_render_none_of_it(gateway):
+    g = f"gateway.enabled={str(gateway).lower()}"
+    on = render(sets=(g, "metrics.serviceMonitor.enabled=true"))
+    off = render(sets=(g, "metrics.enabled=false", "metrics.serviceMonitor.enabled=true"))
+    added = {(o["kind"], o["metadata"]["name"]) for o in on} - {(o["kind"], o["metadata"]["name"]) for o in off}
+    assert added == {("Service", "probe-runner-controller-metrics"), ("ServiceMonitor", "probe-runner-metrics"),
+                     ("ConfigMap", "probe-runner-dashboard"),
+                     ("NetworkPolicy", names.object_name("probe-runner", "metrics", "policy")),
+                     *([("Service", "probe-runner-gateway-metrics")] if gateway else [])}
+    assert not [o for o in off if METRICS_LABEL in o["metadata"]["labels"] or o["kind"] == "ServiceMonitor"]
+    assert by_kind(off, "ConfigMap")["probe-runner-settings"]["data"]["RUNNER_METRICS__PORT"] == "0"
+    assert "metrics" not in json.dumps(by_kind(off, "Deployment"))
+    # Nothing but the metrics pieces differs: the settings' port, the gateway's container port.
+    assert len(on) == len(off) + len(added)
+    # Without allowFrom, no scrape policy (an ingress rule with no peers would admit everyone).
+    closed = render(sets=(g,), extra=("--set-json", "metrics.allowFrom=[]"))
+    assert names.object_name("probe-runner", "metrics", "policy") not in by_kind(closed, "NetworkPolicy")
+    assert "probe-runner-controller-metrics" in by_kind(closed, "Service")
+
+
+def test_the_service_monitor_scrapes_both_metrics_services_and_only_when_asked():
+    """Rendered without the CRD in any cluster (helm template); its selector picks the two
+    metrics Services of this release, not the gateway's serving Service, and names their port."""
+    assert not by_kind(render(), "ServiceMonitor")
+    values = CHART / "ci" / "monitoring-values.yaml"
+    objs = render(values, release="team-a", namespace="probes")
+    (monitor,) = by_kind(objs, "ServiceMonitor").values()
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == "probes" and monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    spec = monitor["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["probes"]}
+    assert spec["endpoints"] == [{"port": "metrics", "path": "/metrics", "scheme": "http", "interval": "15s"}]
+    scraped = {n: s for n, s in by_kind(objs, "Service").items() if label_selector_matches(spec["selector"], s["metadata"]["labels"])}
+    assert sorted(scraped) == ["team-a-controller-metrics", "team-a-gateway-metrics"]
+    for service in scraped.values():
+        assert [p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics"] == [9300]
+    # another release in the namespace is not scraped twice
+    other = render(values, release="team-b", namespace="probes")
+    assert not [s for s in by_kind(other, "Service").values() if label_selector_matches(spec["selector"], s["metadata"]["labels"])]
+
+
+def test_the_dashboard_configmap_holds_the_dashboard_file():
+    from tests.support.dashboard import DASHBOARD
+
+    cm = by_kind(render(release="team-a", namespace="probes"), "ConfigMap")["team-a-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # the Grafana chart's sidecar convention
+    assert cm["data"] == {"probe-runner.json": DASHBOARD.read_text()}
+    assert json.loads(cm["data"]["probe-runner.json"])["uid"] == "probe-runner"
+
+
+def test_notes_say_where_the_metrics_are():
+    notes = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
+                 "-f", str(CHART / "ci" / "monitoring-values.yaml")).stdout.split("NOTES:", 1)[1]
+    assert "Services team-a-controller-metrics and team-a-gateway-metrics, port metrics (9300)" in notes
+    assert "ServiceMonitor team-a-metrics" in notes and "dashboard" not in notes
+    off = helm("install", "team-a", str(CHART), "--namespace", "probes", "--dry-run=client",
+               "--set", "metrics.enabled=false").stdout.split("NOTES:", 1)[1]
+    assert "metrics" not in off.lower()
+
+
+def test_the_metrics_port_cannot_be_the_gateway_port():
+    """Session pods may reach gateway.port: the metrics there would be theirs to read."""
+    proc = helm("template", "x", str(CHART), "--set", "metrics.port=8080", check=False)
+    assert proc.returncode != 0
+    assert "metrics.port (8080) must not be gateway.port" in proc.stderr
+    helm("template", "x", str(CHART), "--set", "metrics.port=8080", "--set", "gateway.enabled=false")
 
 
 # ---- k8s/: the plain manifests -------------------------------------------------------------------

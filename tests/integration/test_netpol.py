@@ -314,3 +314,69 @@ def test_the_engine_refuses_a_field_it_does_not_know(netpol_eval):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert 'unknown field "egres"' in proc.stderr
+
+
+def _chart() -> object:
+    """render() of tests/integration/test_chart.py: one helm locator (as tests/cluster does)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chart_render", Path(__file__).parent / "test_chart.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("case", ["default", "monitoring"])
+def test_the_metrics_port_is_for_the_scrapers_alone_and_never_for_a_session(netpol_eval, case):
+    """Issue 31: the controller and the gateway serve metrics that name the campaigns, on
+    metrics.port. Every NetworkPolicy the chart renders goes through the engine: a session pod
+    reaches the gateway's serving port and not its metrics port (its egress is the serving port
+    alone), nor the controller's; the scrapers of metrics.allowFrom reach that port of both and
+    no other port; no other pod reaches it."""
+    chart = _chart()
+    values = None if case == "default" else chart.CHART / "ci" / f"{case}-values.yaml"
+    v = chart.values_of(values)
+    metrics, serving = v["metrics"]["port"], v["gateway"]["port"]
+    objs = chart.render(values, release="team-a", namespace="probes")
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    short = {f"probes/{names.object_name('team-a', what, 'policy')}": what
+             for what in ("session", "gateway", "jobs", "metrics")}
+    assert {f"probes/{p['metadata']['name']}" for p in policies} == set(short)
+    k = KubeSettings(instance="team-a", namespace="probes")
+    session = pod("10.244.1.10", k.namespace, names.session_labels(k.instance, "c", "HW-PRB-0007", "present-001", 1))
+    gateway = pod("10.244.1.50", k.namespace, names.component_labels(k.instance, names.GATEWAY_COMPONENT))
+    controller = pod("10.244.1.30", k.namespace, {**names.component_labels(k.instance, names.CONTROLLER_COMPONENT),
+                                                  names.CAMPAIGN: "c"})
+    transform = pod("10.244.1.31", k.namespace, names.component_labels(k.instance, "transform"))
+    neighbour = pod("10.244.1.40", k.namespace, {"app": "neighbour"})
+    if case == "default":  # any pod of the namespace monitoring
+        scraper = pod("10.244.5.5", "monitoring", {"app": "anything"})
+        not_scraper = pod("10.244.5.6", "observability", {"app.kubernetes.io/name": "prometheus"})
+    else:  # the Prometheus pods of the namespace observability alone
+        scraper = pod("10.244.5.5", "observability", {"app.kubernetes.io/name": "prometheus"})
+        not_scraper = pod("10.244.5.6", "observability", {"app.kubernetes.io/name": "grafana"})
+    both = {"gateway ingress", "metrics ingress"}
+    rows = {
+        "session -> gateway, serving port": ((session, gateway, serving, "TCP"), set()),
+        "session -> gateway, metrics port": ((session, gateway, metrics, "TCP"), {"session egress", *both}),
+        "session -> controller, metrics port":
+            ((session, controller, metrics, "TCP"), {"session egress", "jobs ingress", "metrics ingress"}),
+        "scraper -> gateway, metrics port": ((scraper, gateway, metrics, "TCP"), set()),
+        "scraper -> controller, metrics port": ((scraper, controller, metrics, "TCP"), set()),
+        "scraper -> gateway, serving port": ((scraper, gateway, serving, "TCP"), both),
+        "scraper -> controller, another port": ((scraper, controller, 8080, "TCP"), {"jobs ingress", "metrics ingress"}),
+        "scraper -> gateway, metrics port over UDP": ((scraper, gateway, metrics, "UDP"), both),
+        "scraper -> transform Job, metrics port": ((scraper, transform, metrics, "TCP"), {"jobs ingress"}),
+        "scraper -> session, metrics port": ((scraper, session, metrics, "TCP"), {"session ingress"}),
+        "another pod -> gateway, metrics port": ((not_scraper, gateway, metrics, "TCP"), both),
+        "a pod of the namespace -> controller, metrics port":
+            ((neighbour, controller, metrics, "TCP"), {"jobs ingress", "metrics ingress"}),
+        "external address -> gateway, metrics port": ((host(EXTERNAL), gateway, metrics, "TCP"), both),
+    }
+    verdicts = evaluate(netpol_eval, policies, {row: conn for row, (conn, _) in rows.items()})
+    assert {row: denials(v, short) for row, v in verdicts.items()} == {row: want for row, (_, want) in rows.items()}
+    # The session policy is runner/k8s/policy.py's, unchanged by the metrics: its one egress rule
+    # is the gateway's serving port.
+    (session_policy,) = [p for p in policies if p["metadata"]["name"] == names.object_name("team-a", "session", "policy")]
+    assert [port for rule in session_policy["spec"]["egress"] for port in rule["ports"]] == [{"protocol": "TCP", "port": serving}]

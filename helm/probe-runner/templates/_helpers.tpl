@@ -125,3 +125,8 @@ alone: the egress proxy's and the gateway's (runner/k8s/policy.py's _provider_an
     - protocol: TCP
       port: 53
 {{- end }}
+
+{{/* The metrics Services (templates/metrics.yaml) and the label the ServiceMonitor selects them by. */}}
+{{- define "probe-runner.controllerMetricsName" -}}{{ .Release.Name }}-controller-metrics{{- end }}
+{{- define "probe-runner.gatewayMetricsName" -}}{{ .Release.Name }}-gateway-metrics{{- end }}
+{{- define "probe-runner.metricsLabel" -}}probe-runner.io/metrics{{- end }}
