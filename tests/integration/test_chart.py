@@ -171,6 +171,7 @@ def test_the_controller_job_submit_builds_is_valid_against_the_kubernetes_schema
     (("metrics.port=0",), "at '/metrics/port': minimum: got 0, want 1"),
     (("metrics.enabled=yes",), "at '/metrics/enabled': got string, want boolean"),
     (("metrics.serviceMonitor.interval=soon",), "at '/metrics/serviceMonitor/interval'"),
+    (("metrics.serviceMonitor.interval=30s1m",), "at '/metrics/serviceMonitor/interval'"),  # units largest first
     (("metrics.serviceMonitor.labels.release=1",), "at '/metrics/serviceMonitor/labels/release': got number, want string"),
     (("metrics.allowFrom[0].namespaceSelector.matchLabel.team=obs",),
      "at '/metrics/allowFrom/0/namespaceSelector': additional properties 'matchLabel' not allowed"),
