@@ -15,6 +15,7 @@ reservation held in memory and never journaled belongs to a session that never s
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -74,14 +75,20 @@ class OverBudget(Exception):
 class Gate:
     """The budget's check before each start, shared by a run's sessions. ``hold`` reserves a
     session's amount in memory, or waits while sessions of this run that may settle for less
-    are still out, and refuses when none is; ``done`` settles it from the ledger."""
+    are still out, and refuses when none is; ``done`` settles it from the ledger. ``tell`` is
+    called with the gate at its start and after each change of its books, under its lock, so
+    in their order (the run's metrics: budget reserved and left)."""
 
-    def __init__(self, ledger: Ledger, campaign_usd: Decimal, reservation: Decimal) -> None:
+    def __init__(self, ledger: Ledger, campaign_usd: Decimal, reservation: Decimal,
+                 tell: Callable[[Gate], None] = lambda gate: None) -> None:
         start = books(ledger)
         self.budget, self.reservation = campaign_usd, reservation
         self.spent, self.reserved = start.spent, start.reserved
         self.out = 0  # sessions of this run holding a reservation: each may still give some back
         self._cond = threading.Condition()
+        self._tell = tell
+        with self._cond:
+            tell(self)
 
     def _fits(self) -> bool:
         return self.spent + self.reserved + self.reservation <= self.budget
@@ -95,6 +102,7 @@ class Gate:
                                  f"left (${self.spent:.4f} spent, ${self.reserved:.4f} reserved)")
             self.out += 1
             self.reserved += self.reservation
+            self._tell(self)
 
     def adopt(self) -> None:
         """A session an earlier run started, followed by this one: its reservation is in the
@@ -119,6 +127,7 @@ class Gate:
                 r, spent = _attempt(start, ledger.entry("outcome", session, attempt))
                 self.reserved += r - Decimal(start.get("reserved_usd") or 0)
                 self.spent += spent
+            self._tell(self)
             self._cond.notify_all()
 
 

@@ -23,7 +23,7 @@ from runner.executors.base import Executor, Halt, Remedies, Slot, Slots
 from runner.harnesses.contract import Signals
 from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
-from runner.progress import RunEnded, RunNote, RunPlanned, RunSubscriber, SessionEnded, SessionStarted, ignore
+from runner.progress import BudgetBooks, Paused, RunEnded, RunNote, RunPlanned, RunSubscriber, SessionEnded, SessionStarted, ignore
 from runner.seal import seal
 from runner.settings import BudgetSettings
 from runner.store import Store
@@ -124,7 +124,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
     slots = Slots(concurrency, executor.waiting_room)
     reservation = budget.reservation() if budget is not None else None
-    gate = Gate(ledger, budget.campaign_usd, reservation) if budget and budget.campaign_usd and reservation else None
+
+    def books(g: Gate) -> None:
+        progress(BudgetBooks(plan.campaign, g.budget, g.spent, g.reserved))
+
+    gate = Gate(ledger, budget.campaign_usd, reservation, books) if budget and budget.campaign_usd and reservation else None
 
     def not_started(spec: SessionSpec, attempt: int, why: str) -> None:
         """The session does not start in this run. A pod an earlier run created for its
@@ -164,10 +168,10 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 return
         signals = Signals()
         progress(SessionStarted(spec.arm, spec.key))
-        status, cost = run_attempt(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
-                               produced, adopt, signals, slot, gate.money() if gate is not None else None)
+        status, cost, stored = run_attempt(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
+                                           produced, adopt, signals, slot, gate.money() if gate is not None else None)
         report.ran.append(spec.key)
-        progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost))
+        progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost, stored))
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
                 report.refused.append(spec.key)
@@ -175,8 +179,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                                  "(the run's end says what to do)"))
             pause = backoff.record(signals)
             if pause > 0:
-                progress(RunNote(f"provider throttling in {spec.key} ({signals.retries} retries"
-                                 f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s"))
+                progress(Paused(f"provider throttling in {spec.key} ({signals.retries} retries"
+                                f"{', rejected' if signals.rejected else ''}): new sessions wait {pause:.0f} s", pause))
 
     if gate is not None:  # adopted sessions may still give money back: counted before any session asks for some
         for _, _, adopt in todo:
@@ -198,8 +202,9 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
 def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
             attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
-            slot: Slot, money: Money | None) -> tuple[str, Decimal | None]:
-    """One session attempt. ``adopt``: its start is journaled and its pod still runs (a
+            slot: Slot, money: Money | None) -> tuple[str, Decimal | None, int]:
+    """One session attempt: its status word (with why, where it did not end as planned), the
+    cost its stream states and the bytes of its stream stored. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
     says about provider throttling is noted into ``signals``; ``slot`` is its place among the
     running sessions, which the executor may step aside while the session waits to start;
@@ -223,7 +228,7 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
                 sealed = seal(corpus, plan, probe, spec.arm, scratch / "workspace")
             except SealError as e:
                 ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
-                return "refused (workspace could not be sealed)", None
+                return "refused (workspace could not be sealed)", None, 0
             store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
 
             parsed_once: list[stream.ParsedStream] = []
@@ -245,24 +250,24 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
             try:
                 record = executor.run(plan, probe, sealed, scratch, store, keys, also, started, slot)
             except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
-                return f"not started ({e})", None
+                return f"not started ({e})", None, 0
             except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
                 log.warning("refused: %s", e)
                 ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
                 executor.finish(keys)
-                return f"refused ({e})", None
+                return f"refused ({e})", None, 0
             except SessionInterrupted as e:
                 log.warning("interrupted: %s", e)
                 ledger.outcome(spec.key, attempt, "interrupted", e.detail)
                 executor.finish(keys)
-                return f"interrupted ({e})", None
+                return f"interrupted ({e})", None, 0
             except Exception as e:  # the harness may have spent: record what is known, never retry by itself
                 log.error("the executor failed: %s: %s", type(e).__name__, e, exc_info=True)
                 if ledger.state(spec.key).status == "intended":  # it failed before the harness could start
-                    return f"not started ({type(e).__name__}: {e})", None
+                    return f"not started ({type(e).__name__}: {e})", None, 0
                 ledger.outcome(spec.key, attempt, "failed", {"reason": f"{type(e).__name__}: {e}"})
                 executor.finish(keys)
-                return f"failed ({type(e).__name__}: {e})", None
+                return f"failed ({type(e).__name__}: {e})", None, 0
             record["driver_produced"] = list(produced)
             store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
             parsed = parsed_stream()
@@ -279,6 +284,6 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
             ledger.outcome(spec.key, attempt, status, detail)
             log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
             executor.finish(keys)
-            return status, parsed.cost_usd
+            return status, parsed.cost_usd, record["stream"]["bytes"]
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

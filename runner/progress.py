@@ -34,6 +34,7 @@ class SessionEnded:
     session: str
     status: str
     cost: Decimal | None  # what its stream says it spent, where it ran
+    stream_bytes: int = 0  # the bytes of its stream the store holds (0: none stored)
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,45 @@ class RunNote:
 
 
 @dataclass(frozen=True)
+class Paused(RunNote):
+    """New session starts wait ``seconds`` because the provider throttled a session."""
+
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class BudgetBooks:
+    """The campaign's budget as the run's gate holds it, in US dollars, told where a budget is
+    set: at the run's start and after each reservation and settlement, in their order."""
+
+    campaign: str
+    budget: Decimal
+    spent: Decimal     # settled attempts
+    reserved: Decimal  # attempts holding a reservation
+
+    @property
+    def left(self) -> Decimal:
+        return self.budget - self.spent - self.reserved
+
+
+@dataclass(frozen=True)
 class RunEnded:
     pass
 
 
-RunEvent = RunPlanned | SessionStarted | SessionEnded | RunNote | RunEnded
+RunEvent = RunPlanned | SessionStarted | SessionEnded | RunNote | BudgetBooks | RunEnded
 RunSubscriber = Callable[[RunEvent], None]
 
 
 def ignore(event: RunEvent) -> None:
     """A subscriber that shows nothing."""
+
+
+def chain(*subscribers: RunSubscriber) -> RunSubscriber:
+    """One subscriber that tells each of ``subscribers`` every event, in their order."""
+
+    def tell(event: RunEvent) -> None:
+        for subscriber in subscribers:
+            subscriber(event)
+
+    return tell

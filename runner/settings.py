@@ -339,6 +339,14 @@ class VariablesSource(EnvSettingsSource):
             raise ValueError(f"{named[0] if named else field_name} is not JSON: {str(value)[:80]}") from None
 
 
+class MetricsSettings(BaseModel):
+    """The Prometheus metrics the controller and the gateway serve (runner/metrics.py)."""
+
+    port: int = Field(0, ge=0, le=65535, description="Port `/metrics` is served on, over plain HTTP, by `probe-runner controller` and `run` (and `demo`, `ledger resume`) for the run's duration, and by the in-cluster gateway on a listener of its own, apart from gateway.port (sessions never reach it: it names the campaigns). 0: no metrics are served. Default: 0.")
+    address: str = Field("0.0.0.0", description="Address the metrics listener binds, e.g. 127.0.0.1 for this host alone. Default: 0.0.0.0 (every IPv4 address).")
+    linger_seconds: float = Field(0.0, ge=0, description="Time the metrics stay served after a run has ended, in seconds, so that the next scrape sees its last counts (a scrape interval is enough); the process exits that much later. Default: 0.")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNNER_", env_nested_delimiter="__", extra="ignore")
 
@@ -364,6 +372,7 @@ class Settings(BaseSettings):
     s3: S3Settings = Field(default_factory=S3Settings)
     kube: KubeSettings = Field(default_factory=KubeSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -65,6 +65,7 @@ from runner.executors.elf import elf_loader
 from runner.gateway.local import LocalGateway
 from runner.harnesses.contract import Reach
 from runner.layout import SessionKeys
+from runner.metrics import GatewayMetrics
 from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
@@ -218,6 +219,7 @@ class LocalExecutor:
     bwrap: str | None = None
     loader: str | None = None
     seccomp_program: bytes | None = None
+    gateway_metrics: GatewayMetrics | None = None  # counts the run gateway's calls (metrics.port set), else none
 
     def preflight(self) -> None:
         """Refuse, before anything can spend, a host that cannot confine a session."""
@@ -263,7 +265,7 @@ class LocalExecutor:
         adopted: a session whose runner died died with it."""
         s = self.settings
         if s.gateway.enabled and s.provider.api_key is not None and self.gateway is None:
-            self.gateway = LocalGateway(s, plan.campaign, plan.model).__enter__()
+            self.gateway = LocalGateway(s, plan.campaign, plan.model, self.gateway_metrics).__enter__()
         return set()
 
     def finish(self, keys: SessionKeys) -> None:

@@ -32,6 +32,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from decimal import Decimal
 from typing import Any
 
@@ -41,6 +42,7 @@ from runner.gateway.tokens import Claims
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import Conflict, Kube
 from runner.k8s.podcache import PodCache
+from runner.metrics import Metrics, serving
 from runner.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -335,15 +337,26 @@ def serve(settings: Settings) -> None:
     """Run the install's gateway until SIGTERM or SIGINT; then serve on for
     gateway.deregister_seconds, let open calls finish within gateway.drain_seconds, and write
     the meters before it exits."""
-    s, k = settings, settings.kube
+    s = settings
     if s.provider.api_key is None:
         raise UserError("the gateway holds the provider key: give it as provider.api_key (the chart: the "
                         "credentials Secret's key api-key)")
     if s.gateway.token_secret is None:
         raise UserError("the gateway checks session tokens with gateway.token_secret (the chart's gateway Secret)")
     check_upstream(s.provider.base_url)
+    if s.metrics.port and s.metrics.port == s.gateway.port:
+        raise UserError(f"metrics.port {s.metrics.port} is gateway.port: the metrics need a listener of their own, which "
+                        "sessions do not reach (they name the campaigns served)")
     me = os.environ.get("POD_NAME") or socket.gethostname()
-    kube = Kube(k)
+    metrics = Metrics()
+    with serving(metrics, s.metrics, f"gateway {me}") if s.metrics.port else nullcontext(0):
+        _serve(s, me, metrics)
+
+
+def _serve(s: Settings, me: str, metrics: Metrics) -> None:
+    k = s.kube
+    assert s.provider.api_key is not None and s.gateway.token_secret is not None, "serve() checked them"
+    kube = Kube(k, metrics=metrics.api)
     pods = SessionPods.watching(kube, k.instance)
     pods.cache.start()
     meters = LeaseMeters(kube, k.instance, pods, me)
@@ -352,7 +365,7 @@ def serve(settings: Settings) -> None:
                       s.gateway.token_secret.get_secret_value().encode(), s.gateway.prices,
                       connect_timeout=s.gateway.connect_timeout_seconds, read_timeout=s.gateway.read_timeout_seconds,
                       ended=pods.ended, origin=pods.origin if s.gateway.bind_to_pod_address else None,
-                      shared=meters, ca_file=ca_file, policy=s.gateway)
+                      shared=meters, ca_file=ca_file, policy=s.gateway, metrics=metrics.gateway)
     meters.state_of = gateway.state_of
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

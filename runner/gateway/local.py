@@ -11,13 +11,14 @@ from typing import Any
 from runner.gateway import tokens
 from runner.gateway.server import Gateway, GatewayThread, check_upstream
 from runner.layout import SessionKeys
+from runner.metrics import GatewayMetrics
 from runner.settings import Settings
 
 
 class LocalGateway:
     """A running gateway and its secret; a context manager around the serving thread."""
 
-    def __init__(self, settings: Settings, campaign: str, model: str) -> None:
+    def __init__(self, settings: Settings, campaign: str, model: str, metrics: GatewayMetrics | None = None) -> None:
         assert settings.provider.api_key is not None, "the gateway holds provider.api_key"
         check_upstream(settings.provider.base_url)
         g = settings.gateway
@@ -26,7 +27,7 @@ class LocalGateway:
         self.secret = tokens.new_secret()
         self.gateway = Gateway(settings.provider.base_url, settings.provider.api_key.get_secret_value(), self.secret,
                                g.prices, campaigns=[campaign], connect_timeout=g.connect_timeout_seconds,
-                               read_timeout=g.read_timeout_seconds, policy=g)
+                               read_timeout=g.read_timeout_seconds, policy=g, metrics=metrics)
         self._thread = GatewayThread(self.gateway)
 
     @property

@@ -37,11 +37,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from runner import harnesses
 from runner.errors import UserError
 from runner.gateway import policy
 from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
+from runner.metrics import GatewayMetrics, Refusal
 from runner.settings import GatewaySettings, ModelPrice
 
 log = logging.getLogger(__name__)
@@ -237,8 +239,10 @@ class Gateway:
                  campaigns: Iterable[str] | None = None, connect_timeout: float = 30.0,
                  read_timeout: float = 600.0, ended: Callable[[Claims], str | None] | None = None,
                  origin: Callable[[Claims, str], str | None] | None = None, shared: Shared | None = None, ca_file: str | None = None,
-                 policy: GatewaySettings | None = None) -> None:
+                 policy: GatewaySettings | None = None, metrics: GatewayMetrics | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        # counted where the process serves them (metrics.port), else on a registry nobody reads
+        self.metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
         self.policy = policy or GatewaySettings.model_validate({"prices": dict(prices)})
         self.key = key
         self.secret = secret
@@ -320,9 +324,13 @@ class Gateway:
         if self._client is not None:
             await self._client.close()
 
-    def _refuse(self, request: web.Request, claims: Claims | None, status: int, kind: str, why: str) -> web.Response:
+    def _refuse(self, request: web.Request, claims: Claims | None, reason: Refusal, status: int, kind: str,
+                why: str) -> web.Response:
+        """A refusal in the Messages API's shape, logged with ``why``, counted under ``reason``
+        (one of a fixed set: never the session's words)."""
         who = claims.name if claims is not None else "no attempt"
         log.warning("refused %s %s (%s): %s", request.method, request.path, who, why)
+        self.metrics.refused(reason)
         if claims is not None:  # counted, and written with the meter's next write
             with self._lock:
                 meter = self._meter(claims)
@@ -345,26 +353,26 @@ class Gateway:
             return await self._key_check()
         token = self._token(request)
         if token is None:
-            return self._refuse(request, None, 401, "authentication_error", "no session token")
+            return self._refuse(request, None, "token", 401, "authentication_error", "no session token")
         try:
             claims = verify(self.secret, token, time.time())
         except TokenError as e:
-            return self._refuse(request, None, 401, "authentication_error", f"token refused: {e}")
+            return self._refuse(request, None, "token", 401, "authentication_error", f"token refused: {e}")
         if self.campaigns is not None and claims.campaign not in self.campaigns:
-            return self._refuse(request, claims, 401, "authentication_error",
+            return self._refuse(request, claims, "campaign", 401, "authentication_error",
                                 f"token refused: campaign {claims.campaign} is not served here")
         with self._lock:
             revoked = claims.attempt_key in self.revoked
         if revoked:
-            return self._refuse(request, claims, 401, "authentication_error", "token refused: the attempt has ended")
+            return self._refuse(request, claims, "ended", 401, "authentication_error", "token refused: the attempt has ended")
         ended = self.ended(claims)
         if ended is not None:
-            return self._refuse(request, claims, 401, "authentication_error", f"token refused: {ended}")
+            return self._refuse(request, claims, "ended", 401, "authentication_error", f"token refused: {ended}")
         elsewhere = self.origin(claims, request.remote or "") if self.origin is not None else None
         if elsewhere is not None:
-            return self._refuse(request, claims, 401, "authentication_error", f"token refused: {elsewhere}")
+            return self._refuse(request, claims, "origin", 401, "authentication_error", f"token refused: {elsewhere}")
         if (request.method, request.path) not in harnesses.HARNESS.calls.routes:
-            return self._refuse(request, claims, 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
+            return self._refuse(request, claims, "route", 404, "not_found_error", f"{request.method} {request.path} is not a path the CLI uses")
         metered = request.path == "/v1/messages"  # count_tokens is free
         if metered and self.shared is not None:
             with self._lock:
@@ -382,23 +390,23 @@ class Gateway:
         try:
             body = await request.read()  # at most gateway.max_body_bytes: past it aiohttp answers 413
         except web.HTTPRequestEntityTooLarge:
-            return self._refuse(request, claims, 413, "request_too_large",
+            return self._refuse(request, claims, "size", 413, "request_too_large",
                                 f"the body is over gateway.max_body_bytes ({self.policy.max_body_bytes} bytes)")
         try:
             call = policy.check(self.policy, claims.model, body, request.headers.get("anthropic-beta"),
                                 request.rel_url.raw_query_string, counting=not metered)
         except policy.Refused as e:
-            return self._refuse(request, claims, 400, "invalid_request_error", str(e))
+            return self._refuse(request, claims, "policy", 400, "invalid_request_error", str(e))
         bound = Decimal(0)
         if metered:
             price = price_of(self.prices, call.model)
             if price is None and claims.limit() is not None:
-                return self._refuse(request, claims, 400, "invalid_request_error",
+                return self._refuse(request, claims, "price", 400, "invalid_request_error",
                                     f"model {call.model!r} has no price at the gateway (gateway.prices), so its calls could not "
                                     "be held to the session's limit")
             bound = policy.bound(price, call, self.policy.context_tokens) if price is not None else Decimal(0)
             if claims.limit() is not None and bound > claims.call():
-                return self._refuse(request, claims, 400, "invalid_request_error",
+                return self._refuse(request, claims, "bound", 400, "invalid_request_error",
                                     f"one call could cost up to ${bound:.6f} ({call.max_tokens} output tokens, a body of "
                                     f"{call.body_bytes} bytes), over the ${claims.call()} a call may add past the session's limit "
                                     "(budget.call_usd)")
@@ -477,12 +485,13 @@ class Gateway:
             m = self.meters[claims.attempt_key]
             others, usd, in_flight, reserved = m.others, m.usd, m.in_flight, m.reserved
         held = f", ${others} held by other gateways" if others else ""
-        return self._refuse(request, claims, 403, "permission_error",
+        return self._refuse(request, claims, "limit", 403, "permission_error",
                             f"{LIMIT_SPENT} (${claims.limit()}; ${usd} metered here{held}, {in_flight} call(s) in flight "
                             f"with ${reserved} reserved)")
 
     def _unmetered(self, claims: Claims, e: Exception) -> web.Response:
         log.error("%s: the call could not be metered before forwarding it: %s: %s", claims.name, type(e).__name__, e)
+        self.metrics.failed()
         return _error(503, "api_error", "probe-runner gateway: the call could not be metered; try again")
 
     def _within_hold(self, claims: Claims) -> bool:
@@ -529,23 +538,27 @@ class Gateway:
             upstream = await self._client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
         except aiohttp.ClientConnectorError as e:
             log.warning("upstream %s unreachable for %s: %s", url, claims.name, e)
+            self.metrics.failed()
             flight.end(None, reached=False)  # the request never left: nothing to pay
             return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
         except (TimeoutError, aiohttp.ClientError) as e:
             log.warning("upstream %s failed for %s: %s", url, claims.name, e)
+            self.metrics.failed()
             return _error(502, "api_error", f"probe-runner gateway: the provider could not be reached ({type(e).__name__})")
+        self.metrics.forwarded(len(body))
         reader = UsageReader("text/event-stream" in upstream.headers.get("content-type", ""))
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         for k, v in upstream.headers.items():
             if k.lower() not in HOP_BY_HOP:
                 response.headers.add(k, v)
-        sent, client = 0, True
+        sent, received, client = 0, 0, True
         try:
             try:
                 await response.prepare(request)
             except (ConnectionError, RuntimeError, aiohttp.ClientConnectionResetError):
                 client = False
             async for chunk in upstream.content.iter_any():
+                received += len(chunk)
                 reader.feed(chunk)
                 if client:
                     try:
@@ -565,6 +578,7 @@ class Gateway:
         finally:
             upstream.release()
             flight.end(reader)  # the provider's answer was cut short: at the bound
+            self.metrics.answered(time.monotonic() - started, received)
             log.info("%s %s %s -> %s, %d bytes in %.3f s, usage %s%s", claims.name, request.method, request.path,
                      upstream.status, sent, time.monotonic() - started, reader.usage, "" if client else " (the session went)")
         return response

@@ -34,9 +34,11 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import ws_client
 from kubernetes.stream.stream import _websocket_request
 from kubernetes.stream.ws_client import ERROR_CHANNEL
+from prometheus_client import CollectorRegistry
 
 from runner import __version__
 from runner.errors import UserError
+from runner.metrics import ApiMetrics, verb_of
 from runner.retry import RetryPolicy
 from runner.settings import KubeSettings
 
@@ -175,7 +177,7 @@ _exec_stream = functools.partial(_websocket_request, _bounded_websocket_call, No
 
 class Kube:
     def __init__(self, settings: KubeSettings, api_client: client.ApiClient | None = None,
-                 exec_client: client.ApiClient | None = None):
+                 exec_client: client.ApiClient | None = None, metrics: ApiMetrics | None = None):
         self.settings = settings
         self.namespace = settings.namespace
         self.api_client = api_client or load_api_client(settings)
@@ -186,6 +188,8 @@ class Kube:
         self._exec_config = (exec_client or self.api_client).configuration
         self._exec_local = threading.local()
         self.tally = Tally()
+        # counted where the process serves them (metrics.port), else on a registry nobody reads
+        self.metrics = metrics if metrics is not None else ApiMetrics(CollectorRegistry())
         self.retry = RetryPolicy(is_transient, settings.api_attempts, settings.api_backoff_seconds)
 
     def _exec_api(self) -> client.CoreV1Api:
@@ -199,9 +203,11 @@ class Kube:
         """``fn(*args, **kwargs)`` under the retry policy. Its arguments are not checked against
         the client's signatures: those name the client's model classes as bodies, where the runner
         sends plain manifests, which the client serializes as they are."""
+        verb = verb_of(getattr(fn, "__name__", ""))
         for attempt in self.retry.retrying():
             with attempt:
                 self.tally.add("API requests", attempt.retry_state.attempt_number)
+                self.metrics.request(verb, attempt.retry_state.attempt_number)
                 return fn(*args, **kwargs)
         raise AssertionError("unreachable: the retry policy ends by returning or raising")
 
@@ -239,6 +245,7 @@ class Kube:
         """Events from ``resource_version`` on, as dicts ``{"type", "object"}``; ends when the
         server closes the watch. A 410 Gone surfaces as ApiException(410) for a re-list."""
         self.tally.add("watches", 1)
+        self.metrics.request("watch", 1)
         w = watch.Watch()
         timeout = self.settings.watch_timeout_seconds
         for event in w.stream(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,

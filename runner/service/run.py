@@ -17,8 +17,9 @@ from runner.clock import now
 from runner.errors import ConfinementError, KeyRefused, UserError
 from runner.executors.registry import make_executor
 from runner.ledger import Ledger, sessions_digest
+from runner.metrics import Metrics, serving
 from runner.plan import Plan
-from runner.progress import RunSubscriber, ignore
+from runner.progress import RunSubscriber, chain, ignore
 from runner.service.outcome import STOPS, Outcome, error_outcome, exit_status, written_outcome
 from runner.service.stored import campaign_lock, mark_run, stored_campaign
 from runner.settings import Settings
@@ -91,12 +92,22 @@ def transform_stored(settings: Settings, campaign: str) -> Written:
 def run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str = "local", produced: list[str] | None = None,
                  resume: set[str] | None = None, progress: RunSubscriber = ignore) -> CampaignRun:
     """Run every session of ``plan`` that has not run (and those of ``resume``), then the
-    transform; ``progress`` is told of the sessions as they go (runner/progress.py)."""
+    transform; ``progress`` is told of the sessions as they go (runner/progress.py). Where
+    metrics.port is set, the run's metrics (runner/metrics.py) are served on it meanwhile."""
     corpus = corpus.resolve()
     if not corpus.is_dir():
         raise UserError(f"corpus {corpus} is not a directory")
+    if not settings.metrics.port:
+        return _run_campaign(settings, plan, corpus, executor, produced, resume, progress, None)
+    metrics = Metrics()
+    with serving(metrics, settings.metrics, f"campaign {plan.campaign}"):
+        return _run_campaign(settings, plan, corpus, executor, produced, resume, chain(metrics.run, progress), metrics)
+
+
+def _run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str, produced: list[str] | None,
+                  resume: set[str] | None, progress: RunSubscriber, metrics: Metrics | None) -> CampaignRun:
     store = open_store(settings.store, settings)
-    runner = make_executor(executor, settings)
+    runner = make_executor(executor, settings, metrics)
     with campaign_lock(settings, plan.campaign):
         mark_run(store, plan.campaign, "run")
         try:

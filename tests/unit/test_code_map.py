@@ -44,6 +44,8 @@ def test_the_package_keeps_every_contract():
     ("ledger.py", "import boto3", "Only runner.store talks to object storage"),
     ("executors/local.py", "import aiohttp", "Only the gateway's server speaks HTTP"),
     ("k8s/manifests.py", "from runner.k8s import api", "The pure modules"),
+    # the metrics reading the cluster themselves, instead of being told by the client that talks to it
+    ("metrics.py", "from runner.k8s import api", "The metrics are a shared module"),
     # the harness's knowledge spread again: the transform reading the CLI's stream module, doctor its version
     ("transform/events.py", "from runner.harnesses.claude_code import stream", "reads the harness through its contract"),
     ("doctor.py", "from runner.harnesses.claude_code.command import VERSION", "reads the harness through its contract"),

@@ -59,13 +59,16 @@ def test_waits_grow_exponentially_up_to_ten_seconds(backoff, attempt, expected):
 def test_the_kubernetes_tally_counts_every_attempt_and_the_retries_among_them():
     """What the executor logs when it closes: requests and exec transfers sent, retries among them."""
     from kubernetes import client
+    from prometheus_client import CollectorRegistry
 
     from runner.executors.kubernetes import KubernetesExecutor
     from runner.k8s.api import ExecError, ExecResult, Kube
+    from runner.metrics import ApiMetrics
     from runner.settings import KubeSettings, Settings
 
     settings = Settings(kube=KubeSettings(namespace="ns", api_attempts=3, api_backoff_seconds=0))
-    kube = Kube(settings.kube, api_client=client.ApiClient())
+    registry = CollectorRegistry()
+    kube = Kube(settings.kube, api_client=client.ApiClient(), metrics=ApiMetrics(registry))
     failures = [ExecError("the transfer broke off"), ExecError("again")]
 
     def exec_(pod, container, argv, stdin=None, timeout=60.0):
@@ -91,3 +94,8 @@ def test_the_kubernetes_tally_counts_every_attempt_and_the_retries_among_them():
     assert kube.tally.sent == {"exec transfers": 4, "API requests": 4}
     assert kube.tally.retried == {"exec transfers": 2, "API requests": 2}
     assert kube.tally.summary() == "API requests 4 (2 retried); exec transfers 4 (2 retried)"
+    # and the same in the metrics (runner/metrics.py), by verb: an exec is a request too
+    value = registry.get_sample_value
+    assert [value("probe_runner_api_requests_total", {"verb": v}) for v in ("exec", "other")] == [4, 4]  # flaky, <lambda>
+    assert [value("probe_runner_api_retries_total", {"verb": v}) for v in ("exec", "other")] == [2, 2]
+    assert value("probe_runner_exec_transfers_total") == 4
