@@ -247,6 +247,7 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     assert (k.canary_enabled, k.canary_interval_seconds) == (canary["enabled"], canary["intervalSeconds"])
     assert (k.canary_foreign_hosts, k.canary_extra_targets) == (canary["foreignHosts"], canary["extraTargets"])
     assert k.provider_ca_configmap is None if not v["provider"]["caBundle"] else k.provider_ca_configmap
+    assert s.metrics.port == (v["metrics"]["port"] if v["metrics"]["enabled"] else 0)  # both processes serve on it
     for ours, theirs in ((k.resources, v["session"]["resources"]), (k.controller_resources, v["controller"]["resources"])):
         assert (ours.cpu_request, ours.memory_request) == (theirs["requests"]["cpu"], theirs["requests"]["memory"])
         assert (ours.cpu_limit, ours.memory_limit, ours.ephemeral_storage_limit) == (
@@ -601,6 +602,7 @@ def test_disabled_metrics_render_none_of_it(gateway):
                      *([("Service", "probe-runner-gateway-metrics")] if gateway else [])}
     assert not [o for o in off if METRICS_LABEL in o["metadata"]["labels"] or o["kind"] == "ServiceMonitor"]
     assert by_kind(off, "ConfigMap")["probe-runner-settings"]["data"]["RUNNER_METRICS__PORT"] == "0"
+    assert settings_of(off).metrics.port == 0 and settings_of(on).metrics.port == 9102
     assert "metrics" not in json.dumps(by_kind(off, "Deployment"))
     # Nothing but the metrics pieces differs: the settings' port, the gateway's container port.
     assert len(on) == len(off) + len(added)
