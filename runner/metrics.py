@@ -31,6 +31,7 @@ from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from runner.errors import UserError
 from runner.progress import BudgetBooks, Paused, RunEvent, RunPlanned, SessionEnded, SessionStarted
 from runner.settings import MetricsSettings
 
@@ -219,7 +220,10 @@ def serving(metrics: Metrics, settings: MetricsSettings, what: str) -> Iterator[
     """Serve ``metrics`` at ``/metrics`` on settings.address:settings.port for the block (and
     settings.linger_seconds after it), yielding the port; ``what`` names the process in the log.
     A port that cannot be bound fails here, before the block runs."""
-    server, thread = start_http_server(settings.port, settings.address, registry=metrics.registry)
+    try:
+        server, thread = start_http_server(settings.port, settings.address, registry=metrics.registry)
+    except OSError as e:  # the port taken, the address not this host's: the operator's to fix
+        raise UserError(f"metrics.port {settings.port} on metrics.address {settings.address}: cannot listen ({e})") from None
     port = int(server.server_address[1])
     log.info("%s: metrics on http://%s:%d/metrics", what, settings.address, port)
     try:

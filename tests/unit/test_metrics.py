@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+import urllib.request
 from decimal import Decimal
 from urllib.parse import quote
 
@@ -31,10 +32,11 @@ from runner.metrics import (
     Metrics,
     RunMetrics,
     outcome_word,
+    serving,
     verb_of,
 )
 from runner.progress import BudgetBooks, Paused, RunEnded, RunNote, RunPlanned, SessionEnded, SessionStarted, chain
-from runner.settings import DEFAULT_PRICES, GatewaySettings, KubeSettings, load_settings
+from runner.settings import DEFAULT_PRICES, GatewaySettings, KubeSettings, MetricsSettings, load_settings
 from runner.store.file import FileStore
 from tests.ports import free_port
 from tests.support.dashboard import METRICS
@@ -276,3 +278,19 @@ def test_the_installs_gateway_refuses_to_serve_its_metrics_on_the_sessions_port(
                              gateway={"token_secret": "s", "port": 8080}, metrics={"port": 8080})
     with pytest.raises(UserError, match="metrics.port 8080 is gateway.port: the metrics need a listener of their own"):
         serve(settings)
+
+
+def test_the_metrics_are_served_for_the_block_and_a_taken_port_is_the_operators_to_fix():
+    metrics = Metrics()
+    metrics.api.request("create", 1)
+    port = free_port()
+    with serving(metrics, MetricsSettings(port=port, address="127.0.0.1"), "a test") as served:
+        assert served == port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert 'probe_runner_api_requests_total{verb="create"} 1.0' in text
+        with pytest.raises(UserError, match=f"metrics.port {port} on metrics.address 127.0.0.1: cannot listen"):
+            with serving(Metrics(), MetricsSettings(port=port, address="127.0.0.1"), "a second"):
+                pass
+    with pytest.raises(OSError):  # closed with the block
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
