@@ -344,7 +344,7 @@ class MetricsSettings(BaseModel):
 
     port: int = Field(0, ge=0, le=65535, description="Port `/metrics` is served on, over plain HTTP, by `probe-runner controller` and `run` (and `demo`, `ledger resume`) for the run's duration, and by the in-cluster gateway on a listener of its own, apart from gateway.port (sessions never reach it: it names the campaigns). 0: no metrics are served. Default: 0.")
     address: str = Field("0.0.0.0", description="Address the metrics listener binds, e.g. 127.0.0.1 for this host alone. Default: 0.0.0.0 (every IPv4 address).")
-    linger_seconds: float = Field(0.0, ge=0, description="Time the metrics stay served after a run has ended, in seconds, so that the next scrape sees its last counts (a scrape interval is enough); the process exits that much later. Default: 0.")
+    linger_seconds: float = Field(0.0, ge=0, description="Time a run's metrics stay served after it has ended, in seconds, so that the next scrape sees its last counts (a scrape interval is enough); the run's process exits that much later. The gateway does not linger. Default: 0.")
 
 
 class Settings(BaseSettings):

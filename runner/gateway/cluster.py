@@ -349,7 +349,10 @@ def serve(settings: Settings) -> None:
                         "sessions do not reach (they name the campaigns served)")
     me = os.environ.get("POD_NAME") or socket.gethostname()
     metrics = Metrics()
-    with serving(metrics, s.metrics, f"gateway {me}") if s.metrics.port else nullcontext(0):
+    # No lingering after a stop: a replaced gateway pod's metrics end with it (its grace period
+    # is the deregistration's and the drain's), and its successor counts on.
+    served = s.metrics.model_copy(update={"linger_seconds": 0.0})
+    with serving(metrics, served, f"gateway {me}") if s.metrics.port else nullcontext(0):
         _serve(s, me, metrics)
 
 

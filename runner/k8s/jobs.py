@@ -132,6 +132,9 @@ def _runner_job(settings: Settings, campaign: str, action: str, component: str, 
             },
             "securityContext": container_security(),
             "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
+            # the run's metrics listener (metrics.port), which the chart's controller-metrics Service names
+            **({"ports": [{"name": "metrics", "containerPort": settings.metrics.port, "protocol": "TCP"}]}
+               if component == names.CONTROLLER_COMPONENT and settings.metrics.port else {}),
         }],
         "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}}],
     }

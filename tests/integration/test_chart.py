@@ -568,10 +568,14 @@ def test_metrics_services_select_the_controller_and_gateway_pods_alone(values):
         selected = {what for what, labels in pods.items() if service["spec"]["selector"].items() <= labels.items()}
         assert selected == {component}, name
         assert service["spec"]["type"] == "ClusterIP"
-        target = "metrics" if component == "gateway" else m["port"]  # the Job's container names no port
-        assert service["spec"]["ports"] == [{"name": "metrics", "port": m["port"], "targetPort": target, "protocol": "TCP"}]
-    # Both processes read RUNNER_METRICS__PORT from the settings ConfigMap.
+        assert service["spec"]["ports"] == [{"name": "metrics", "port": m["port"], "targetPort": "metrics", "protocol": "TCP"}]
+    assert data["RUNNER_METRICS__LINGER_SECONDS"] == str(m["lingerSeconds"])
+    # Both processes read RUNNER_METRICS__PORT from the settings ConfigMap; the controller Job's
+    # container names the port the Service targets (a resume Job's too, not the transform's).
     job = jobs.controller_job(settings, "c1")["spec"]["template"]["spec"]["containers"][0]
+    assert job["ports"] == [{"name": "metrics", "containerPort": m["port"], "protocol": "TCP"}]
+    assert jobs.controller_job(settings, "c1", resume=["P/s"])["spec"]["template"]["spec"]["containers"][0]["ports"] == job["ports"]
+    assert "ports" not in jobs.transform_job(settings, "c1")["spec"]["template"]["spec"]["containers"][0]
     assert {"configMapRef": {"name": "team-a-settings"}} in job["envFrom"]
     if gateway:
         container = by_kind(objs, "Deployment")["team-a-gateway"]["spec"]["template"]["spec"]["containers"][0]
