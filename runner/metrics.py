@@ -156,15 +156,14 @@ class ApiMetrics:
             self.retries.labels(verb)
 
     def request(self, verb: str, attempt: int) -> None:
-        """A request of ``verb`` (from VERBS), the ``attempt``-th try of its call."""
+        """A request of ``verb`` (from VERBS), the ``attempt``-th try of its call; an exec is a
+        transfer too."""
         verb = verb if verb in VERBS else "other"
         self.requests.labels(verb).inc()
         if attempt > 1:
             self.retries.labels(verb).inc()
-
-    def exec_transfer(self, attempt: int) -> None:
-        self.transfers.inc()
-        self.request("exec", attempt)
+        if verb == "exec":
+            self.transfers.inc()
 
 
 class GatewayMetrics:

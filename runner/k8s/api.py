@@ -71,18 +71,23 @@ def is_transient(exc: BaseException) -> bool:
 
 class Tally:
     """Requests sent to the API server, by kind, and how many of them were retries; logged when
-    a campaign's executor closes, so an operator sees its load and its retries per session."""
+    a campaign's executor closes, so an operator sees its load and its retries per session. Each
+    is counted into ``metrics`` by its verb as well, at the one place, so the two agree."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: ApiMetrics | None = None) -> None:
         self._lock = threading.Lock()
         self.sent: dict[str, int] = {}
         self.retried: dict[str, int] = {}
+        self.metrics = metrics
 
-    def add(self, kind: str, attempt: int) -> None:
+    def add(self, kind: str, verb: str, attempt: int) -> None:
+        """A request of ``kind`` (the log's word) and ``verb`` (the metrics'), the ``attempt``-th try of its call."""
         with self._lock:
             self.sent[kind] = self.sent.get(kind, 0) + 1
             if attempt > 1:
                 self.retried[kind] = self.retried.get(kind, 0) + 1
+        if self.metrics is not None:
+            self.metrics.request(verb, attempt)
 
     def summary(self) -> str:
         with self._lock:
@@ -187,9 +192,9 @@ class Kube:
         self.coordination = client.CoordinationV1Api(self.api_client)
         self._exec_config = (exec_client or self.api_client).configuration
         self._exec_local = threading.local()
-        self.tally = Tally()
         # counted where the process serves them (metrics.port), else on a registry nobody reads
         self.metrics = metrics if metrics is not None else ApiMetrics(CollectorRegistry())
+        self.tally = Tally(self.metrics)
         self.retry = RetryPolicy(is_transient, settings.api_attempts, settings.api_backoff_seconds)
 
     def _exec_api(self) -> client.CoreV1Api:
@@ -206,8 +211,7 @@ class Kube:
         verb = verb_of(getattr(fn, "__name__", ""))
         for attempt in self.retry.retrying():
             with attempt:
-                self.tally.add("API requests", attempt.retry_state.attempt_number)
-                self.metrics.request(verb, attempt.retry_state.attempt_number)
+                self.tally.add("API requests", verb, attempt.retry_state.attempt_number)
                 return fn(*args, **kwargs)
         raise AssertionError("unreachable: the retry policy ends by returning or raising")
 
@@ -244,8 +248,7 @@ class Kube:
     def watch_pods(self, label_selector: str, resource_version: str | None) -> Iterator[Obj]:
         """Events from ``resource_version`` on, as dicts ``{"type", "object"}``; ends when the
         server closes the watch. A 410 Gone surfaces as ApiException(410) for a re-list."""
-        self.tally.add("watches", 1)
-        self.metrics.request("watch", 1)
+        self.tally.add("watches", "watch", 1)
         w = watch.Watch()
         timeout = self.settings.watch_timeout_seconds
         for event in w.stream(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,

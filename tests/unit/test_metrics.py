@@ -173,15 +173,15 @@ def test_the_kubernetes_clients_requests_and_retries_are_counted_by_verb():
 
     assert kube.call(create_namespaced_pod) == "created"
     assert kube.call(read_namespaced_lease) == "read"
-    kube.metrics.exec_transfer(1)
-    kube.metrics.exec_transfer(2)
+    kube.tally.add("exec transfers", "exec", 1)
+    kube.tally.add("exec transfers", "exec", 2)
     requests, retries = {"create": 3, "read": 1, "exec": 2}, {"create": 2, "exec": 1}
     assert samples(registry) == {
         **{("probe_runner_api_requests_total", (("verb", v),)): requests.get(v, 0) for v in VERBS},
         **{("probe_runner_api_retries_total", (("verb", v),)): retries.get(v, 0) for v in VERBS},
         ("probe_runner_exec_transfers_total", ()): 2,
     }
-    assert kube.tally.summary() == "API requests 4 (2 retried)"  # the log's tally counts as before
+    assert kube.tally.summary() == "API requests 4 (2 retried); exec transfers 2 (1 retried)"  # the log's tally agrees
     assert [verb_of(m) for m in ("list_namespaced_pod", "replace_namespaced_lease", "delete_namespaced_pod",
                                  "connect_get_namespaced_pod_exec", "")] == ["list", "replace", "delete", "other", "other"]
 

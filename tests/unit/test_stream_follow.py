@@ -7,11 +7,8 @@ where 60 s sessions polled every 15 s need about 10."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-
 from runner.executors.kubernetes import KubernetesExecutor
 from runner.k8s.api import ExecResult, Tally
-from runner.metrics import ApiMetrics
 from runner.retry import RetryPolicy
 from runner.settings import KubeSettings, Settings
 
@@ -26,7 +23,6 @@ class GrowingStream:
         self.execs: list[tuple[int, int]] = []
         self.retry = RetryPolicy(lambda e: False, 1, 0)
         self.tally = Tally()
-        self.metrics = ApiMetrics(CollectorRegistry())
 
     def exec(self, pod, container, argv, stdin=None, timeout=60.0) -> ExecResult:
         offset, length = int(argv[-3]), int(argv[-2])
