@@ -55,6 +55,19 @@ class _IfAbsent(TypedDict, total=False):
     IfNoneMatch: str
 
 
+class _NextKeys(TypedDict, total=False):
+    """Where a listing of keys goes on from (none on its first page)."""
+
+    ContinuationToken: str
+
+
+class _NextUploads(TypedDict, total=False):
+    """Where a listing of multipart uploads goes on from (none on its first page)."""
+
+    KeyMarker: str
+    UploadIdMarker: str
+
+
 class _SalvageBegun(TypedDict):
     """``salvage.json`` in a key's spool: how many uploaded parts the salvage's first step kept."""
 
@@ -185,8 +198,8 @@ class S3Store(Store):
         full = self._key(prefix)
         cut = len(self.prefix) + 1 if self.prefix else 0
         while True:
-            page = (self.call(self.client.list_objects_v2, Bucket=self.bucket, Prefix=full, ContinuationToken=token) if token
-                    else self.call(self.client.list_objects_v2, Bucket=self.bucket, Prefix=full))
+            more: _NextKeys = {"ContinuationToken": token} if token else {}
+            page = self.call(self.client.list_objects_v2, Bucket=self.bucket, Prefix=full, **more)
             keys += [o["Key"][cut:] for o in page.get("Contents", [])]
             if not page.get("IsTruncated"):
                 return sorted(keys)
@@ -207,15 +220,13 @@ class S3Store(Store):
     def _uploads(self, full_key: str) -> builtins.list[str]:
         """Ids of the incomplete multipart uploads of exactly ``full_key``, oldest first."""
         found: builtins.list[tuple[datetime, str]] = []
-        marks: tuple[str, str] | None = None  # (KeyMarker, UploadIdMarker) of the next page
+        marks: _NextUploads = {}
         while True:
-            page = (self.call(self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=full_key,
-                              KeyMarker=marks[0], UploadIdMarker=marks[1]) if marks
-                    else self.call(self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=full_key))
+            page = self.call(self.client.list_multipart_uploads, Bucket=self.bucket, Prefix=full_key, **marks)
             found += [(u["Initiated"], u["UploadId"]) for u in page.get("Uploads", []) if u["Key"] == full_key]
             if not page.get("IsTruncated"):
                 return [u for _, u in sorted(found)]
-            marks = (page["NextKeyMarker"], page["NextUploadIdMarker"])
+            marks = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
     def _parts(self, full_key: str, upload_id: str) -> builtins.list[CompletedPartTypeDef]:
         """The uploaded parts 1..k of an upload (a gap ends the run: what follows it is not contiguous)."""

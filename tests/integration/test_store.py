@@ -50,6 +50,15 @@ def test_put_get_list_delete(store):
         store.get("campaigns/c/a.json")
 
 
+def test_a_listing_past_one_page_holds_every_key(store):
+    """S3 answers a listing 1,000 keys at a time: the store goes on from each page's token (a
+    campaign of 1,000 sessions holds more keys than that under one prefix)."""
+    keys = [f"campaigns/c/k/{i:05d}" for i in range(1005)]
+    for key in keys:
+        store.put(key, b"x")
+    assert store.list("campaigns/c/k/") == keys
+
+
 def test_create_only_has_one_winner(store):
     store.put("k", b"first", create_only=True)
     with pytest.raises(AlreadyExists):
