@@ -163,9 +163,7 @@ class KubernetesExecutor:
 
     def halted(self) -> Halt | None:
         """Why no further session may start (a failed confinement check, or its key check), or None."""
-        if self.monitor is None or self.monitor.halted is None:
-            return None
-        return Halt(self.monitor.halted, key=self.monitor.halted_on_key)
+        return None if self.monitor is None else self.monitor.halted
 
     def close(self) -> None:
         log.info("kubernetes: %s", self.kube.tally.summary() or "no requests")

@@ -26,6 +26,7 @@ from typing import Any, NotRequired, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from runner.errors import ConfinementError, KeyRefused
+from runner.executors.base import Halt
 from runner.gateway import tokens
 from runner.k8s import canary, manifests, names, podstate, policy
 from runner.k8s.api import Kube
@@ -100,8 +101,7 @@ class ConfinementMonitor:
     foreign_policies: Callable[[], list[str]]  # names of policies that also select sessions
     token_secret: bytes | None = None  # the gateway's signing key: the canary then asks it as a session would
     checks: list[Check] = field(default_factory=list)
-    halted: str | None = None  # why no further session may start
-    halted_on_key: bool = False  # the halt is the provider refusing the key, not a route
+    halted: Halt | None = None  # why no further session may start, and whether the key is why
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -220,9 +220,8 @@ class ConfinementMonitor:
                 log.exception("confinement monitor failed")
                 found = Check(len(self.checks) + 1, "", [], f"the confinement monitor failed: {e}")
             if not found.passed:
-                self.halted_on_key = found.key_refused
-                self.halted = f"confinement check {found.number} at {found.at}: {found.problem}"
-                log.error("%s: no further session is started", self.halted, extra={"campaign": self.campaign})
+                self.halted = Halt(f"confinement check {found.number} at {found.at}: {found.problem}", found.key_refused)
+                log.error("%s: no further session is started", self.halted.why, extra={"campaign": self.campaign})
                 return
 
     def stop(self) -> None:

@@ -69,4 +69,4 @@ def test_a_later_check_halts_with_whose_matter_it_is(later, key):
         until(lambda: m.halted is not None, 10, "the monitor's halt", interval=0.02)
     finally:
         m.stop()
-    assert m.halted_on_key is key and m.halted.startswith("confinement check 2 at "), m.halted
+    assert m.halted is not None and m.halted.key is key and m.halted.why.startswith("confinement check 2 at "), m.halted
