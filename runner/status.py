@@ -29,8 +29,8 @@ class ArmCounts(TypedDict):
 
 
 @dataclass(frozen=True)
-class Money:
-    """The budget's books, amounts as decimal strings (None: no budget, so nothing is left)."""
+class BudgetStatus:
+    """The budget's books as status shows them, amounts as decimal strings (None: no budget, so nothing is left)."""
 
     campaign_usd: str | None
     spent_usd: str
@@ -67,7 +67,7 @@ class CampaignStatus:
     arms: dict[str, ArmCounts]
     running: dict[str, str]              # session key -> when its attempt started ("" when not journaled)
     cost_usd: str                        # as the captured streams state it, a decimal string
-    budget: Money
+    budget: BudgetStatus
     refusals: list[dict[str, Any]]       # refusals.json's, or the sessions refused so far
     waiting: dict[str, WaitReason]       # session key -> why it waits for its pod
     transcripts: Transcripts
@@ -107,7 +107,7 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     b = books(ledger)
     limit = budget if budget is not None else b.budget
     left = b.left(limit)
-    money = Money(None if limit is None else str(limit), str(b.spent), str(b.reserved), None if left is None else str(left))
+    money = BudgetStatus(None if limit is None else str(limit), str(b.spent), str(b.reserved), None if left is None else str(left))
     for st in states.values():
         key = (st.detail.get("stream") or {}).get("key") if st.outcome else None
         if key and key not in costs:

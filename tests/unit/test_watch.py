@@ -8,14 +8,14 @@ import pytest
 
 from runner.service.events import StatusRead
 from runner.service.watch import follow, settled
-from runner.status import CampaignStatus, Money, Stopped, Transcripts
+from runner.status import BudgetStatus, CampaignStatus, Stopped, Transcripts
 
 STOPPED = Stopped("budget: 1 session(s) not started", 3, "2026-12-05T10:00:00Z")
 
 
 def _status(final: int, total: int = 4, ready: bool = False, stopped: Stopped | None = None) -> CampaignStatus:
     return CampaignStatus(campaign="c", total=total, final=final, sessions={}, arms={}, running={}, cost_usd="0",
-                          budget=Money(None, "0", "0", None), refusals=[], waiting={},
+                          budget=BudgetStatus(None, "0", "0", None), refusals=[], waiting={},
                           transcripts=Transcripts(ready, "2026-12-05T10:00:00Z" if ready else None), stopped=stopped)
 
 
