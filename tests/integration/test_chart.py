@@ -132,6 +132,7 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
         expected += ["Service"] * (2 if gateway else 1) + (["NetworkPolicy"] if m["allowFrom"] else [])
         expected += (["ConfigMap"] if m["dashboard"]["enabled"] else []) + \
             (["ServiceMonitor"] if m["serviceMonitor"]["enabled"] else [])
+    expected += ["FlowSchema", "PriorityLevelConfiguration"] if v["flowControl"]["enabled"] else []
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
                            + (["Job"] if v["transformJob"]["campaign"] else []))
     for obj in objs:
@@ -176,6 +177,11 @@ def test_the_controller_job_submit_builds_is_valid_against_the_kubernetes_schema
     (("metrics.allowFrom[0].namespaceSelector.matchLabel.team=obs",),
      "at '/metrics/allowFrom/0/namespaceSelector': additional properties 'matchLabel' not allowed"),
     (("metrics.dashboard.labels.a=b",), "at '/metrics/dashboard': additional properties 'labels' not allowed"),
+    (("flowControl.lendablePercent=101",), "at '/flowControl/lendablePercent': maximum: got 101, want 100"),
+    (("flowControl.matchingPrecedence=9000",), "at '/flowControl/matchingPrecedence': maximum: got 9,000, want 8,999"),
+    (("flowControl.matchingPrecedence=800",), "at '/flowControl/matchingPrecedence': minimum: got 800, want 901"),
+    (("flowControl.nominalConcurrencyShares=0",), "at '/flowControl/nominalConcurrencyShares': minimum: got 0, want 1"),
+    (("flowControl.distinguisher=ByNamespace",), "at '/flowControl': additional properties 'distinguisher' not allowed"),
 ])
 def test_the_values_schema_rejects_bad_values_with_a_clear_message(sets, message):
     args = ["template", "probe-runner", str(CHART)]
@@ -662,6 +668,87 @@ def test_the_metrics_port_cannot_be_the_gateway_port():
     assert proc.returncode != 0
     assert "metrics.port (8080) must not be gateway.port" in proc.stderr
     helm("template", "x", str(CHART), "--set", "metrics.port=8080", "--set", "gateway.enabled=false")
+
+
+# ---- API Priority and Fairness ---------------------------------------------------------------------
+
+FLOW_LABELS = {"app.kubernetes.io/name": "probe-runner", "app.kubernetes.io/instance": "team-a",
+               "app.kubernetes.io/component": "flowcontrol", "app.kubernetes.io/part-of": "probe-runner",
+               "app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/version": "0.1.0",
+               "helm.sh/chart": "probe-runner-0.1.0"}
+
+
+@pytest.mark.parametrize("gateway", [True, False])
+@pytest.mark.parametrize("sets, limited, precedence", [
+    ((), {"nominalConcurrencyShares": 20, "lendablePercent": 50, "borrowingLimitPercent": 100,
+          "limitResponse": {"type": "Queue", "queuing": {"queues": 16, "handSize": 4, "queueLengthLimit": 50}}}, 1000),
+    (("flowControl.nominalConcurrencyShares=60", "flowControl.lendablePercent=0", "flowControl.borrowingLimitPercent=0",
+      "flowControl.queues=32", "flowControl.handSize=8", "flowControl.queueLengthLimit=100",
+      "flowControl.matchingPrecedence=8500"),
+     {"nominalConcurrencyShares": 60, "lendablePercent": 0, "borrowingLimitPercent": 0,
+      "limitResponse": {"type": "Queue", "queuing": {"queues": 32, "handSize": 8, "queueLengthLimit": 100}}}, 8500),
+], ids=["default", "sized"])
+def test_the_flow_schema_puts_the_controller_and_gateway_identities_in_a_priority_level_of_the_install(
+        gateway, sets, limited, precedence):
+    """A Limited level sized by the values, queueing past its seats; one FlowSchema over every
+    request of the identities that talk to the API server (the controller's ServiceAccount, which
+    the transform Job runs as too, and the gateway's), one flow per identity. Neither the session
+    pods' nor the proxy's account: they hold no token."""
+    objs = render(release="team-a", namespace="probes", sets=(f"gateway.enabled={str(gateway).lower()}", *sets))
+    name = names.object_name("probes", "team-a")
+    assert by_kind(objs, "PriorityLevelConfiguration") == {name: {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
+        "metadata": {"name": name, "labels": FLOW_LABELS},
+        "spec": {"type": "Limited", "limited": limited}}}
+    accounts = ["team-a-controller", *(["team-a-gateway"] if gateway else [])]
+    assert by_kind(objs, "FlowSchema") == {name: {
+        "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
+        "metadata": {"name": name, "labels": FLOW_LABELS},
+        "spec": {
+            "priorityLevelConfiguration": {"name": name},
+            "matchingPrecedence": precedence,
+            "distinguisherMethod": {"type": "ByUser"},
+            "rules": [{
+                "subjects": [{"kind": "ServiceAccount", "serviceAccount": {"name": a, "namespace": "probes"}}
+                             for a in accounts],
+                "resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "namespaces": ["*"],
+                                   "clusterScope": True}],
+                "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+            }],
+        }}}
+    # the accounts named are the ones the pods that hold a token run as
+    pods = [o["spec"]["template"]["spec"] for o in by_kind(objs, "Deployment").values()]
+    tokened = {p["serviceAccountName"] for p in pods if p.get("automountServiceAccountToken")}
+    assert tokened == ({"team-a-gateway"} if gateway else set())
+    assert set(accounts) <= set(by_kind(objs, "ServiceAccount"))
+    assert jobs.controller_job(settings_of(objs, release="team-a"), "c")["spec"]["template"]["spec"][
+        "serviceAccountName"] == "team-a-controller"
+    kubernetes_validate.validate(by_kind(objs, "FlowSchema")[name], KUBE_SCHEMA_VERSION, strict=True)
+
+
+def test_flow_control_objects_are_named_per_namespace_and_release_and_can_be_left_out():
+    """Cluster-scoped: two installs never share one, whatever their names (a plain join would
+    make probes-a/b and probes/a-b one name)."""
+    def flow_names(release: str, namespace: str, *sets: str) -> set[tuple[str, str]]:
+        return {(o["kind"], o["metadata"]["name"]) for o in render(release=release, namespace=namespace, sets=sets)
+                if o["apiVersion"].startswith("flowcontrol.")}
+
+    a, b = flow_names("a-b", "probes"), flow_names("b", "probes-a")
+    assert len(a) == len(b) == 2 and not {n for _, n in a} & {n for _, n in b}
+    assert flow_names("a-b", "probes") == {("FlowSchema", names.object_name("probes", "a-b")),
+                                           ("PriorityLevelConfiguration", names.object_name("probes", "a-b"))}
+    assert flow_names("a-b", "probes", "flowControl.enabled=false") == set()
+    # (the gateway's token Secret, random per render, is left out by naming one)
+    on = render(release="a-b", namespace="probes", sets=("gateway.existingSecret=gw",))
+    off = render(release="a-b", namespace="probes", sets=("gateway.existingSecret=gw", "flowControl.enabled=false"))
+    assert [o for o in on if not o["apiVersion"].startswith("flowcontrol.")] == off
+
+
+def test_a_hand_larger_than_the_queues_is_refused_at_render():
+    proc = helm("template", "x", str(CHART), "--set", "flowControl.queues=4", "--set", "flowControl.handSize=6",
+                check=False)
+    assert proc.returncode != 0
+    assert "flowControl.handSize (6) must be at most flowControl.queues (4)" in proc.stderr
 
 
 # ---- k8s/: the plain manifests -------------------------------------------------------------------
