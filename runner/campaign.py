@@ -17,9 +17,10 @@ from typing import Literal
 
 from runner import digest, harnesses, hooks, layout, logs, stream
 from runner.budget import Gate, OverBudget, settled_cost
+from runner.clock import now
 from runner.corpus import corpus_fingerprint, store_identifiers, store_plan
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Executor, Halt, Remedies, Slot, Slots
+from runner.executors.base import Executor, Halt, Phases, Remedies, Slot, Slots
 from runner.harnesses.contract import Signals
 from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
@@ -139,6 +140,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
+        phases: Phases = {"queued": now()}
         if gate is not None and not adopt:
             try:  # before a slot is taken: a session waiting for money holds none a stepped-aside one needs back
                 gate.hold()
@@ -147,14 +149,15 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 report.budget_why = str(e)
                 not_started(spec, attempt, "over budget")
                 return
+            phases["budget_held"] = now()
         try:
             with slots.take(force=adopt) as slot:  # a session whose harness already runs is followed at once
-                one_in_slot(spec, attempt, adopt, slot)
+                one_in_slot(spec, attempt, adopt, slot, phases)
         finally:
             if gate is not None:
                 gate.done(ledger, spec.key, attempt)
 
-    def one_in_slot(spec: SessionSpec, attempt: int, adopt: bool, slot: Slot) -> None:
+    def one_in_slot(spec: SessionSpec, attempt: int, adopt: bool, slot: Slot, phases: Phases) -> None:
         halt = executor.halted()
         if halt and not adopt:  # nothing is journaled: the next run starts it, after a passing check
             report.halt(halt)
@@ -167,11 +170,12 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 not_started(spec, attempt, str(e))
                 return
         signals = Signals()
+        phases["slot_held"] = now()
         progress(SessionStarted(spec.arm, spec.key))
         status, cost, stored = run_attempt(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
-                                           produced, adopt, signals, slot, gate.money() if gate is not None else None)
+                                           produced, adopt, signals, slot, gate.money() if gate is not None else None, phases)
         report.ran.append(spec.key)
-        progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost, stored))
+        progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost, stored, phases))
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
                 report.refused.append(spec.key)
@@ -202,13 +206,17 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
 
 def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
             attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
-            slot: Slot, money: Money | None) -> tuple[str, Decimal | None, int]:
+            slot: Slot, money: Money | None, phases: Phases | None = None) -> tuple[str, Decimal | None, int]:
     """One session attempt: its status word (with why, where it did not end as planned), the
     cost its stream states and the bytes of its stream stored. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
     says about provider throttling is noted into ``signals``; ``slot`` is its place among the
     running sessions, which the executor may step aside while the session waits to start;
-    ``money`` is the budget's reservation, journaled with its start."""
+    ``money`` is the budget's reservation, journaled with its start. ``phases``: the session's
+    milestones so far (executors.base.Phases), to which a captured attempt adds the executor's
+    and ``outcome_journaled``; they are stored with its capture record (but the last, which is
+    the outcome entry's ``at``)."""
+    phases = {} if phases is None else phases
     with logs.session_context(plan.campaign, spec.probe, spec.name, attempt):
         decl = declaration(plan, spec, corpus_digest)
         current = ledger.state(spec.key)
@@ -269,6 +277,8 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
                 executor.finish(keys)
                 return f"failed ({type(e).__name__}: {e})", None, 0
             record["driver_produced"] = list(produced)
+            phases.update(record.get("phases") or {})
+            record["phases"] = phases.copy()
             store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
             parsed = parsed_stream()
             refused = signals.refused
@@ -281,7 +291,7 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
             if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
                 detail["reason"] = refused_key(refused)
             hooks.stage("before-outcome")
-            ledger.outcome(spec.key, attempt, status, detail)
+            phases["outcome_journaled"] = ledger.outcome(spec.key, attempt, status, detail)["at"]
             log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
             executor.finish(keys)
             return status, parsed.cost_usd, record["stream"]["bytes"]

@@ -3,14 +3,15 @@ defined here, on a registry of its own (never the client library's global one, s
 one process, or a test, count apart), fed by what the code already tells:
 
 - a run's progress events (runner/progress.py): ``RunMetrics`` is a subscriber, which the
-  service chains with the CLI's;
+  service chains with the CLI's; a session's end carries its milestones, whose phases
+  (runner/phases.py) are observed then;
 - the Kubernetes client (runner/k8s/api.py): each request and its retries, by verb;
 - the gateway (runner/gateway/server.py): each call's outcome, the reason of a refusal, the
   time and bytes to and from the provider.
 
 Their names and labels are what the chart's dashboard queries: keep them. Every label value is
 from a fixed set (``STATES``, ``OUTCOMES``, ``VERBS``, ``GATEWAY_OUTCOMES``, ``REFUSALS``,
-``DIRECTIONS``) or from the plan (campaign, arm), never from what a session sends: a hostile
+``DIRECTIONS``, runner/phases.py's ``PHASES``) or from the plan (campaign, arm), never from what a session sends: a hostile
 session cannot grow the label sets, nor learn other campaigns' names (the gateway's listener
 for them is not the sessions' one).
 
@@ -32,6 +33,7 @@ from typing import Literal
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from runner.errors import UserError
+from runner.phases import PHASES, durations
 from runner.progress import BudgetBooks, Paused, RunEvent, RunPlanned, SessionEnded, SessionStarted
 from runner.settings import MetricsSettings
 
@@ -57,6 +59,9 @@ DIRECTIONS = ("request", "response")
 # Seconds from sending a call to the provider to the end of its answer (a streamed answer lasts
 # as long as the model writes).
 UPSTREAM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Seconds a session's phase lasted: a start's phases take tens of milliseconds to minutes (an
+# image pull, a pod that cannot be scheduled), the harness's run up to its time limit.
+PHASE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 def outcome_word(status: str) -> str:
@@ -95,6 +100,11 @@ class RunMetrics:
                               "throttled a session.", ["campaign"], registry=registry)
         self.captured = Counter(f"{PREFIX}_captured_bytes", "Bytes of the sessions' streams stored.", ["campaign"],
                                 registry=registry)
+        self.phases = Histogram(f"{PREFIX}_session_phase_seconds", "How long each phase of a session lasted, in seconds, "
+                                "observed as it ends (runner/phases.py: waiting for the budget or a slot, the pod's start, "
+                                "the harness's run, the collection, the outcome's journaling); a phase the executor "
+                                "cannot see is not observed, and one the node's clock made negative counts as 0.",
+                                ["campaign", "phase"], buckets=PHASE_BUCKETS, registry=registry)
         self._lock = threading.Lock()
         self._campaign = ""
         self._running: set[str] = set()
@@ -116,6 +126,8 @@ class RunMetrics:
             self.spend.labels(event.campaign)
             self.pauses.labels(event.campaign)
             self.captured.labels(event.campaign)
+            for phase in PHASES:
+                self.phases.labels(event.campaign, phase)
         elif isinstance(event, SessionStarted):
             self._running.add(event.key)
             self.sessions.labels(self._campaign, event.arm, "waiting").dec()
@@ -133,6 +145,8 @@ class RunMetrics:
                 self.spend.labels(self._campaign).inc(float(event.cost))
             if event.stream_bytes > 0:
                 self.captured.labels(self._campaign).inc(event.stream_bytes)
+            for phase, seconds in durations(event.phases).items():
+                self.phases.labels(self._campaign, phase).observe(max(seconds, 0.0))
         elif isinstance(event, Paused):
             self.pauses.labels(self._campaign).inc()
         elif isinstance(event, BudgetBooks):

@@ -6,8 +6,12 @@ terminal, the live board on one)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.executors.base import Phases
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,13 @@ class SessionEnded:
     status: str
     cost: Decimal | None  # what its stream says it spent, where it ran
     stream_bytes: int = 0  # the bytes of its stream the store holds (0: none stored)
+    # its milestones (executors.base.Phases): the campaign's, and where it was captured the
+    # executor's and outcome_journaled
+    phases: Phases = field(default_factory=lambda: _none())
+
+
+def _none() -> Phases:
+    return {}
 
 
 @dataclass(frozen=True)

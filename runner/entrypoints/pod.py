@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,9 +40,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from runner.clock import now  # the standard library alone, as everything here
+from runner.phases import FirstReply
 
 SOCKET_NAME = "stdout.sock"
 STREAM_NAME = "stream.jsonl"
@@ -52,6 +54,10 @@ TIMEOUT_EXIT = 124  # the session hit its time limit and was killed
 UNCONFINED_EXIT = 125  # the CLI would have been dumpable: refused before it ran
 OPEN_NETWORK_EXIT = 126  # the pod's network policy was not in force: refused before the CLI ran
 GAVE_UP_EXIT = 3  # the reader's deadline passed: no controller finished with the pod
+# Where the kubelet reads a container's termination message (the default terminationMessagePath):
+# the harness's entry point leaves its HarnessReport there, which the pod watch delivers.
+TERMINATION_LOG = Path("/dev/termination-log")
+_STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
 
@@ -64,7 +70,9 @@ def _peer_uid(conn: socket.socket) -> int:
 class ReaderRecord(TypedDict):
     """What the reader records at the stream's end (record.json; the capture record's ``reader``):
     the stream's bytes and digest as they arrived, that the harness closed it, the uid of the peer
-    it accepted and those it refused, when it began and ended."""
+    it accepted and those it refused, when it began and ended (the stream's end: the CLI and
+    whatever held its output have ended), and when the first byte after the stream's first line
+    arrived (runner/phases.py's FirstReply; absent where none did, or from a reader before it)."""
 
     bytes: int
     sha256: str
@@ -73,6 +81,45 @@ class ReaderRecord(TypedDict):
     refused_peers: list[int]
     started_at: str
     ended_at: str
+    first_reply_at: NotRequired[str]
+
+
+class HarnessReport(TypedDict):
+    """What the harness's entry point reports of itself as its container ends (its termination
+    message, TERMINATION_LOG): when it started the CLI, by its own clock, and how long it waited
+    for the pod's network policy before that (seconds, its monotonic clock)."""
+
+    harness_started: str
+    policy_wait_seconds: float
+
+
+def harness_report(message: str | None) -> HarnessReport | None:
+    """The entry point's report in a harness container's termination message, or None where
+    the message is not one (none written: a refusal, an entry point before it). Read strictly:
+    the session runs under the entry point's uid and could have written the file before its
+    last process was ended."""
+    try:
+        report = json.loads(message or "")
+    except ValueError:
+        return None
+    if not isinstance(report, dict) or set(report) != {"harness_started", "policy_wait_seconds"}:
+        return None
+    started, waited = report["harness_started"], report["policy_wait_seconds"]
+    if not isinstance(started, str) or not _STAMP.fullmatch(started) or type(waited) not in (int, float) or not 0 <= waited < 1e6:
+        return None
+    return {"harness_started": started, "policy_wait_seconds": float(waited)}
+
+
+def _report(report: HarnessReport, path: Path = TERMINATION_LOG) -> None:
+    """Leave ``report`` as the container's termination message, where the kubelet reads one
+    (outside a pod there is no such file, and nothing to report to)."""
+    if not path.exists():
+        return
+    try:
+        with open(path, "w") as f:
+            f.write(json.dumps(report, sort_keys=True))
+    except OSError as e:  # a report of timing: its loss is said, the session's end is not changed
+        print(f"probe harness: could not write the start report to {path}: {e}", file=sys.stderr)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -111,10 +158,13 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
     path.unlink(missing_ok=True)
     started = now()
     sha, size = hashlib.sha256(), 0
+    reply, replied = FirstReply(), None
     # Unbuffered: every chunk is in the file as it arrives, for the controller to follow while
     # the session runs (a pod evicted mid-session then loses at most the last poll's worth).
     with conn, open(capture_dir / STREAM_NAME, "wb", buffering=0) as out:
         while chunk := conn.recv(_CHUNK):
+            if reply.saw(chunk):
+                replied = now()
             view = memoryview(chunk)
             while view:  # an unbuffered write may take part of it
                 view = view[out.write(view) or 0:]
@@ -124,6 +174,8 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
         os.fsync(out.fileno())
     record: ReaderRecord = {"bytes": size, "sha256": "sha256:" + sha.hexdigest(), "eof": True, "peer_uid": uid,
                             "refused_peers": refused, "started_at": started, "ended_at": now()}
+    if replied is not None:
+        record["first_reply_at"] = replied
     _write_atomic(capture_dir / RECORD_NAME, json.dumps(record, sort_keys=True).encode())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
@@ -191,10 +243,12 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tupl
     # with kube-router, every route open meanwhile): the CLI starts only once the API server,
     # which must be out of reach, is.
     limit = float(os.environ.get("PROBE_POLICY_WAIT_SECONDS", "30"))
+    waited = time.monotonic()
     if os.environ.get("KUBERNETES_SERVICE_HOST") and wait_until_confined(limit) is None:
         print(f"probe harness: refused: the API server was still reachable {limit:g} s after the pod started; "
               "its network policy is not in force", file=sys.stderr)
         return OPEN_NETWORK_EXIT
+    waited = round(time.monotonic() - waited, 3)
     seccomp.install(seccomp.program())
     task = os.environ.get("PROBE_TASK", "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE_")}
@@ -205,6 +259,7 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tupl
         copied.chmod(0o600)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=conn.fileno(), env=env, start_new_session=True)
+        started = now()
         conn.close()  # only the CLI holds the stream now: its exit is the reader's end of stream
         assert proc.stdin is not None
         try:
@@ -220,6 +275,7 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tupl
         _end_session(proc.pid)
         proc.wait()  # reaped: the CLI, killed at the limit or not, is gone before the modes change
         _open_to_group(workspace)
+        _report({"harness_started": started, "policy_wait_seconds": waited})  # no process of the session is left to overwrite it
     finally:
         if copied is not None:
             copied.unlink(missing_ok=True)

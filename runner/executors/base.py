@@ -78,10 +78,13 @@ class Artifacts(TypedDict):
 
 
 class WaitReason(TypedDict):
-    """Why a session waits for its pod (the scheduler's or the kubelet's words), since when."""
+    """Why a session waits for its pod (the scheduler's or the kubelet's words), since when,
+    and the phase it waits in (runner/phases.py: the milestone it has yet to reach; absent in a
+    waiting.json an earlier version wrote)."""
 
     reason: str
     since: str
+    phase: NotRequired[str]
 
 
 class WaitingRecord(TypedDict):
@@ -90,6 +93,49 @@ class WaitingRecord(TypedDict):
 
     at: str
     sessions: dict[str, WaitReason]
+
+
+class Phases(TypedDict):
+    """A session's milestones (runner/phases.py: the phases between them, in this order), each
+    an ISO 8601 UTC stamp with milliseconds taken by the process that saw it; one it could not
+    see is absent, never guessed. The campaign's (the controller's or this host's clock):
+    ``queued`` (a worker of the run took the session up), ``budget_held`` (its reservation fit;
+    where a budget is set), ``slot_held`` (it holds a slot and no throttle pause holds it back).
+    The Kubernetes executor's, through its pod watch (runner/k8s/podstate.py's ``reached``; the
+    controller's clock, when the watch delivered the change): ``pod_created`` (the create request
+    returned, for the pod that ran), ``scheduled`` (first seen with a node), ``sandbox_ready``
+    (first seen with PodReadyToStartContainers true; a kubelet before 1.29 reports none),
+    ``image_pulled`` (first seen with a container made: running, terminated or with its imageID;
+    the pod's status has no state for a pull, and the kubelet pulls each container's image just
+    before it makes the container), ``containers_started`` (first seen with the capture
+    reader running: what the controller waits for; the harness's container starts after it, in
+    ``harness_started``'s phase); ``workspace_delivered`` (its exec returned); from the harness's entry
+    point in the pod (the node's clock, in its termination message): ``harness_started`` (the CLI
+    was started, after the policy wait); from the capture reader (the node's clock): ``first_reply``
+    (runner/phases.py's FirstReply), ``harness_exited`` (the stream's end: the CLI and everything
+    holding its output ended); the controller's again: ``stream_collected`` (fetched, verified,
+    stored), ``artifacts_collected`` (the workspace's files stored, the gateway's meter read). The
+    local executor stamps the harness's own milestones with this host's clock as its driver sees
+    them. ``outcome_journaled`` is not in capture.json, which is written before the outcome: it is
+    the ledger's outcome entry's ``at`` (status and the report read it there; the progress event
+    carries it)."""
+
+    queued: NotRequired[str]
+    budget_held: NotRequired[str]
+    slot_held: NotRequired[str]
+    pod_created: NotRequired[str]
+    scheduled: NotRequired[str]
+    sandbox_ready: NotRequired[str]
+    image_pulled: NotRequired[str]
+    containers_started: NotRequired[str]
+    workspace_delivered: NotRequired[str]
+    harness_started: NotRequired[str]
+    first_reply: NotRequired[str]
+    harness_exited: NotRequired[str]
+    stream_collected: NotRequired[str]
+    artifacts_collected: NotRequired[str]
+    outcome_journaled: NotRequired[str]
+    policy_wait_seconds: NotRequired[float]  # kubernetes: the entry point's wait for the pod's network policy, before harness_started
 
 
 class CaptureRecord(TypedDict):
@@ -117,6 +163,7 @@ class CaptureRecord(TypedDict):
     reader: NotRequired[ReaderRecord]                      # kubernetes: the capture reader's record
     driver_produced: NotRequired[list[str]]                # added by the campaign: paths it may write unnamed
     gateway: NotRequired[dict[str, Any]]                   # the provider gateway's meter of the attempt's calls
+    phases: Phases                                         # where its time went: the executor's milestones, the campaign's added
 
 
 class Slots:

@@ -40,12 +40,24 @@ from runner.entrypoints.pod import (
     ReaderRecord,
     deliver_argv,
     fetch_argv,
+    harness_report,
     is_delivered_argv,
     pack_argv,
     record_argv,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Artifacts, CaptureRecord, Halt, Live, Remedies, Slot, StreamRecord, WaitingRecord, WaitReason
+from runner.executors.base import (
+    Artifacts,
+    CaptureRecord,
+    Halt,
+    Live,
+    Phases,
+    Remedies,
+    Slot,
+    StreamRecord,
+    WaitingRecord,
+    WaitReason,
+)
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
 from runner.gateway.cluster import SETTLE_SECONDS, meters_of, settled, total
@@ -107,6 +119,7 @@ class KubernetesExecutor:
         self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
         self.waiting = Waiting()
+        self.observed = PodMilestones()
         self.confinement = CONFINEMENT_PROSE.format(route=ROUTE_PROSE[self.settings.gateway.enabled])
 
     # ---- campaign hooks --------------------------------------------------------------------
@@ -139,7 +152,7 @@ class KubernetesExecutor:
         (probe, session, attempt) of live pods, which ``run`` adopts."""
         k = self.settings.kube
         sel = names.selector_string(names.selector(k.instance, names.SESSION_COMPONENT, plan.campaign))
-        self.cache = PodCache(self.kube, sel)
+        self.cache = PodCache(self.kube, sel, self.observed.saw)
         self.cache.start()
         live = set()
         for name in self.cache.names():
@@ -178,17 +191,31 @@ class KubernetesExecutor:
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
             also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
             slot: Slot) -> CaptureRecord:
+        """Run one session in its pod. Its phases: the pod watch's observations of the pod this
+        run created (none of a pod adopted after a restart: the watch did not see it start),
+        the delivery's end, the entry point's and the reader's own stamps, and the collection's."""
         assert self.cache is not None and self.route is not None, "preflight() and prepare() first"
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
                                          self._route_of(keys, plan.model))
         name = manifest["metadata"]["name"]
+        try:
+            return self._run(name, manifest, plan, sealed, scratch, store, keys, also_collect, started, slot)
+        finally:
+            self.observed.forget(name)
+
+    def _run(self, name: str, manifest: dict[str, Any], plan: Plan, sealed: SealedWorkspace, scratch: Path, store: Store,
+             keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
+             slot: Slot) -> CaptureRecord:
+        assert self.cache is not None
         checks_before = self.monitor.count() if self.monitor is not None else 0
         self.waiting.bind(store, plan.campaign)
         self._start_pod(name, manifest, f"{keys.probe}/{keys.session}", slot)
         del manifest  # about 30 KB as Python objects, no longer needed: held to the session's end, 15 MB at 500 at once
+        delivered = None
         if self._exec(name, is_delivered_argv(), check=False).code != 0:
             started()
             self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid))
+            delivered = now()
         started_at = now()
         limit = self.settings.harness.timeout_seconds + self.settings.kube.start_timeout_seconds
         spool = scratch / "stream.spool"
@@ -213,8 +240,17 @@ class KubernetesExecutor:
         self._fetch(name, spool, fetched if fetched <= record["bytes"] else 0, record["bytes"])
         stream = _upload_verified(spool, store, keys.stream, record)
         ended_at = now()
+        phases: Phases = {**self.observed.take(name)}  # type: ignore[typeddict-item]  # POD_MILESTONES are Phases' keys
+        if delivered is not None:
+            phases["workspace_delivered"] = delivered
+        if (report := harness_report(term.get("message"))) is not None:
+            phases["harness_started"], phases["policy_wait_seconds"] = report["harness_started"], report["policy_wait_seconds"]
+        if "first_reply_at" in record:
+            phases["first_reply"] = record["first_reply_at"]
+        phases["harness_exited"], phases["stream_collected"] = record["ended_at"], ended_at
         artifacts = self._collect(name, scratch, sealed, store, keys, also_collect)
         metered = self._meter(name) if self.token_secret is not None else None
+        phases["artifacts_collected"] = now()
         exit_code = term.get("exitCode")
         pod = self.cache.get(name) or {}
         capture: CaptureRecord = {
@@ -242,6 +278,7 @@ class KubernetesExecutor:
             "config_dir": CONFIG_DIR,
             "host_skills": [],
             "artifacts": artifacts.artifacts,
+            "phases": phases,
         }
         if artifacts.not_collected is not None:
             capture["artifacts_not_collected"] = artifacts.not_collected
@@ -296,14 +333,16 @@ class KubernetesExecutor:
         def started(pod: Pod | None) -> Startup | None:
             start = _startup(pod)
             if start is None:
-                self.waiting.note(session, podstate.waiting(pod))
+                self.waiting.note(session, podstate.waiting(pod), podstate.waiting_phase(pod))
             return start
 
         attempts = 0
         while attempts < START_ATTEMPTS:
             attempts += 1
             created = time.monotonic()
+            self.observed.track(name)  # before the create: the watch may tell of the pod before the request returns
             self._create(manifest, session, timeout, slot)
+            self.observed.stamp(name, "pod_created")
             self.cache.wait(name, lambda p: p is not None, timeout=60)
             start = self.cache.wait(name, started, timeout=max(0.0, created + k.waiting_grace_seconds - time.monotonic()))
             if start is None and slot.aside():
@@ -312,14 +351,15 @@ class KubernetesExecutor:
                 "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
                 if not slot.held:
-                    self.waiting.note(session, "running, waiting for a running session to end (concurrency)")
+                    self.waiting.note(session, "running, waiting for a running session to end (concurrency)",
+                                      "workspace_delivered")
                 if slot.back(created + timeout - time.monotonic()):
                     self.waiting.note(session, None)
                     return
                 log.info("pod %s ran but no slot came free within its start timeout: deleted, a new one when a slot is free", name)
                 self._delete(name, grace=0)
                 self.cache.wait(name, lambda p: p is None, timeout=120)
-                self.waiting.note(session, "waiting for a slot")
+                self.waiting.note(session, "waiting for a slot", "pod_created")
                 slot.back(None)
                 attempts -= 1  # the pod did start: not a failed attempt
                 continue
@@ -350,7 +390,7 @@ class KubernetesExecutor:
                     raise NotStarted(why) from None
                 if time.monotonic() > first + self.settings.kube.waiting_grace_seconds:
                     slot.aside()
-                self.waiting.note(session, f"quota: {e}")
+                self.waiting.note(session, f"quota: {e}", "pod_created")
                 time.sleep(5)
 
     def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True) -> ExecResult:
@@ -496,7 +536,9 @@ class Waiting:
                 self._thread = threading.Thread(target=self._run, name="waiting", daemon=True)
                 self._thread.start()
 
-    def note(self, session: str, why: str | None) -> None:
+    def note(self, session: str, why: str | None, phase: str | None = None) -> None:
+        """``session`` waits because ``why`` (None: it no longer waits), in ``phase`` (the
+        milestone it has yet to reach; None for a start that ended)."""
         with self._lock:
             if why is None:
                 changed = self._why.pop(session, None) is not None
@@ -504,6 +546,8 @@ class Waiting:
                 changed = session not in self._why or self._why[session]["reason"] != why
                 if changed:
                     self._why[session] = {"reason": why, "since": now()}
+                    if phase is not None:
+                        self._why[session]["phase"] = phase
         if changed:
             self._dirty.set()
 
@@ -530,6 +574,43 @@ class Waiting:
             self._stop.set()
             self._thread.join(timeout=10)
             self._flush()
+
+
+class PodMilestones:
+    """The POD_MILESTONES (runner/k8s/podstate.py) of the pods this executor creates, stamped
+    with the controller's clock as the pod watch delivers each state (``saw``, called by the
+    cache under its lock: quick, never blocking). Only pods tracked from before their create
+    are stamped, so a pod adopted after a restart, first seen long after it started, has none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stamps: dict[str, dict[str, str]] = {}
+
+    def track(self, pod: str) -> None:
+        """Stamp ``pod`` from now on, from nothing (a pod created again starts over)."""
+        with self._lock:
+            self._stamps[pod] = {}
+
+    def saw(self, pod: str, state: Pod) -> None:
+        self._stamp(pod, lambda: podstate.reached(state))
+
+    def stamp(self, pod: str, milestone: str) -> None:
+        """``milestone`` reached now, as the executor saw it (unless the watch saw it, or a later one, first)."""
+        self._stamp(pod, lambda: [milestone])
+
+    def _stamp(self, pod: str, shown: Callable[[], list[str]]) -> None:
+        with self._lock:
+            stamps = self._stamps.get(pod)
+            if stamps is not None and (new := podstate.unstamped(stamps, shown())):
+                stamps.update(dict.fromkeys(new, now()))
+
+    def take(self, pod: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._stamps.get(pod) or {})
+
+    def forget(self, pod: str) -> None:
+        with self._lock:
+            self._stamps.pop(pod, None)
 
 
 @dataclass(frozen=True)

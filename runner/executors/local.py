@@ -59,13 +59,14 @@ from runner import harnesses, hooks
 from runner.clock import now
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
-from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot, StreamRecord
+from runner.executors.base import CaptureRecord, Halt, Live, Phases, Remedies, Slot, StreamRecord
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.executors.elf import elf_loader
 from runner.gateway.local import LocalGateway
 from runner.harnesses.contract import Reach
 from runner.layout import SessionKeys
 from runner.metrics import GatewayMetrics
+from runner.phases import FirstReply
 from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
@@ -307,7 +308,9 @@ class LocalExecutor:
             also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
             slot: Slot) -> CaptureRecord:
         """Run one session, holding ``slot`` throughout; returns its capture record (the stream
-        is in the store)."""
+        is in the store). Its phases are this driver's: the harness started (bwrap's process
+        made), its first reply and its exit as the driver reads the stream and reaps it, the
+        stream and the files stored."""
         s = self.settings
         assert self.harness is not None, "preflight() first"
         config_dir, log_dir = scratch / "config", scratch / "log"
@@ -320,6 +323,8 @@ class LocalExecutor:
         started()  # journaled before the harness can run
         started_at = now()
         timed_out = threading.Event()
+        phases: Phases = {}
+        reply = FirstReply()
         # The stream's channel: the harness writes to one end, only this driver holds the other.
         reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -330,6 +335,7 @@ class LocalExecutor:
                         proc = subprocess.Popen(self._bwrap_args(str(sealed.path), str(config_dir), str(log_dir), fds) + harness_argv(plan, s),
                                                 env=self._session_env(keys), stdin=subprocess.PIPE,
                                                 stdout=writer.fileno(), stderr=err, pass_fds=fds, start_new_session=True)
+                        phases["harness_started"] = now()
                 finally:
                     writer.close()  # from here the sandbox holds the only write end: its end is the stream's end
 
@@ -348,13 +354,17 @@ class LocalExecutor:
                         pass
                     fd = reader.fileno()
                     while chunk := os.read(fd, _READ_CHUNK):
+                        if reply.saw(chunk):
+                            phases["first_reply"] = now()
                         out.write(chunk)
                         hooks.stage("mid-stream", accepted=out.size)
                     exit_code = proc.wait()
+                    phases["harness_exited"] = now()
                 finally:
                     timer.cancel()
                     _killpg(proc)  # nothing the session started outlives it
                 out.commit()
+                phases["stream_collected"] = now()
                 hooks.stage("stream-stored")
                 stream: StreamRecord = {"key": keys.stream, "bytes": out.size, "sha256": out.sha256}
         finally:
@@ -381,9 +391,11 @@ class LocalExecutor:
             "config_dir": CONFIG_DIR,
             "host_skills": host_skill_names(),
             "artifacts": collected,
+            "phases": phases,
         }
         if self.gateway is not None:
             capture["gateway"] = self.gateway.meter(keys)
+        phases["artifacts_collected"] = now()
         return capture
 
 

@@ -59,9 +59,13 @@ def trimmed(pod: Pod) -> Pod:
 
 
 class PodCache:
-    def __init__(self, kube: Kube, label_selector: str):
+    def __init__(self, kube: Kube, label_selector: str, observe: Callable[[str, Pod], None] | None = None):
+        """``observe(name, pod)`` is told every state of a pod the watch delivers (or a list
+        finds), as it arrives, under the cache's lock: it must be quick and never block (the
+        executor stamps a session's phases with it)."""
         self.kube = kube
         self.selector = label_selector
+        self.observe = observe
         self.pods: dict[str, Pod] = {}
         self.gone: set[str] = set()  # names seen deleted since they were last created
         self.relists = 0
@@ -93,6 +97,9 @@ class PodCache:
             self.gone |= set(self.pods) - set(current)
             self.pods = current
             self.relists += 1
+            if self.observe is not None:
+                for name, pod in current.items():
+                    self.observe(name, pod)
             self._notify()
         self._synced.set()
         return rv
@@ -147,6 +154,8 @@ class PodCache:
                 if old is None or old["metadata"].get("uid") != pod["metadata"].get("uid"):
                     self.gone.discard(name)
                 self.pods[name] = kept
+                if self.observe is not None:
+                    self.observe(name, kept)
             self._notify(name)
 
     def _notify(self, name: str | None = None) -> None:

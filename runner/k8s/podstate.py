@@ -8,6 +8,7 @@ is recorded as interrupted, never retried by itself.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 NEVER_STARTED_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
@@ -85,3 +86,54 @@ def lost(pod: dict[str, Any] | None) -> str | None:
     if reader is not None:
         return f"the capture reader ended ({reader.get('reason', 'exit ' + str(reader.get('exitCode')))})"
     return None
+
+
+# The milestones a session pod's status shows (runner/phases.py's ORDER, executors.base.Phases),
+# in their order.
+POD_MILESTONES = ("pod_created", "scheduled", "sandbox_ready", "image_pulled", "containers_started")
+
+
+def _condition(pod: dict[str, Any], kind: str) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def reached(pod: dict[str, Any]) -> list[str]:
+    """The POD_MILESTONES this state of the pod shows: it exists; it has a node; its
+    PodReadyToStartContainers condition is true (its sandbox and network are made; kubelets
+    since 1.29); a container of it was made (running, ended, or with its imageID: the status has
+    no state for an image pull, and the kubelet pulls a container's image just before it makes
+    the container); the capture reader runs (what the controller waits for before it delivers
+    the workspace: the harness's container starts after it, and that start is in the harness's
+    own phase)."""
+    containers = (pod.get("status") or {}).get("containerStatuses") or []
+    shown = {
+        "pod_created": True,
+        "scheduled": bool((pod.get("spec") or {}).get("nodeName")),
+        "sandbox_ready": _condition(pod, "PodReadyToStartContainers") == "True",
+        "image_pulled": any(cs.get("imageID") or {"running", "terminated"} & set(cs.get("state") or {}) for cs in containers),
+        "containers_started": running(pod, "reader"),
+    }
+    return [m for m in POD_MILESTONES if shown[m]]
+
+
+def unstamped(stamped: Collection[str], shown: list[str]) -> list[str]:
+    """Of the POD_MILESTONES ``shown`` (``reached``), those to stamp now, beside the ``stamped``
+    ones: not stamped yet, and after every one that is (one seen only after a later one was not
+    seen when it happened: it stays absent rather than out of order)."""
+    last = max((POD_MILESTONES.index(m) for m in stamped), default=-1)
+    return [m for m in shown if POD_MILESTONES.index(m) > last]
+
+
+def waiting_phase(pod: dict[str, Any] | None) -> str:
+    """The phase a pod that is not running yet waits in: the next of POD_MILESTONES it has not
+    reached (sandbox_ready only where the kubelet reports that condition)."""
+    if pod is None:
+        return "pod_created"
+    shown = reached(pod)
+    for m in POD_MILESTONES:
+        if m not in shown and (m != "sandbox_ready" or _condition(pod, "PodReadyToStartContainers") is not None):
+            return m
+    return "containers_started"

@@ -30,6 +30,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "probe_runner_api_retries_total": ("counter", ("verb",)),
     "probe_runner_exec_transfers_total": ("counter", ()),
     "probe_runner_captured_bytes_total": ("counter", ("campaign",)),
+    "probe_runner_session_phase_seconds": ("histogram", ("campaign", "phase")),
     # the gateway
     "probe_runner_gateway_calls_total": ("counter", ("outcome",)),
     "probe_runner_gateway_refusals_total": ("counter", ("reason",)),

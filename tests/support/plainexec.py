@@ -18,10 +18,11 @@ from pathlib import Path
 from runner import harnesses
 from runner.clock import now
 from runner.errors import UserError
-from runner.executors.base import CaptureRecord, Halt, Live, Remedies, Slot
+from runner.executors.base import CaptureRecord, Halt, Live, Phases, Remedies, Slot
 from runner.executors.capture import collect_workspace, host_skill_names
 from runner.harnesses.contract import Reach
 from runner.layout import SessionKeys
+from runner.phases import FirstReply
 from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
@@ -66,9 +67,12 @@ class PlainExecutor:
         started()
         started_at = now()
         timed_out = threading.Event()
+        phases: Phases = {}
+        reply = FirstReply()
         with open(scratch / "stderr.log", "wb") as err, store.writer(keys.stream) as out:
             proc = subprocess.Popen(argv, cwd=sealed.path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=err, start_new_session=True)
+            phases["harness_started"] = now()
             timer = threading.Timer(s.harness.timeout_seconds, lambda: (timed_out.set(), proc.kill()))
             timer.start()
             try:
@@ -76,11 +80,15 @@ class PlainExecutor:
                 proc.stdin.write(probe.task.encode())
                 proc.stdin.close()
                 while chunk := proc.stdout.read(_READ_CHUNK):
+                    if reply.saw(chunk):
+                        phases["first_reply"] = now()
                     out.write(chunk)
                 exit_code = proc.wait()
+                phases["harness_exited"] = now()
             finally:
                 timer.cancel()
             out.commit()
+            phases["stream_collected"] = now()
             stream = {"key": keys.stream, "bytes": out.size, "sha256": out.sha256}
         store.put(keys.stderr, (scratch / "stderr.log").read_bytes())
         workspace = str(sealed.path)
@@ -99,6 +107,7 @@ class PlainExecutor:
             "config_dir": str(config),
             "host_skills": host_skill_names(env),
             "artifacts": collect_workspace(sealed.path, sealed.manifest, also_collect(keys, workspace), store, keys),
+            "phases": phases,
         }
 
     def finish(self, keys: SessionKeys) -> None:

@@ -25,6 +25,7 @@ from runner.ledger import Ledger
 from runner.metrics import (
     GATEWAY_OUTCOMES,
     OUTCOMES,
+    PHASE_BUCKETS,
     REFUSALS,
     VERBS,
     ApiMetrics,
@@ -35,6 +36,7 @@ from runner.metrics import (
     serving,
     verb_of,
 )
+from runner.phases import PHASES
 from runner.progress import BudgetBooks, Paused, RunEnded, RunNote, RunPlanned, SessionEnded, SessionStarted, chain
 from runner.settings import DEFAULT_PRICES, GatewaySettings, KubeSettings, MetricsSettings, load_settings
 from runner.store.file import FileStore
@@ -105,7 +107,48 @@ def test_a_runs_events_make_these_samples():
         ("probe_runner_budget_left_usd", (("campaign", "c1"),)): 0.5875,
         ("probe_runner_throttle_pauses_total", (("campaign", "c1"),)): 1,
         ("probe_runner_captured_bytes_total", (("campaign", "c1"),)): 1000,
+        **phase_samples("c1", {}),  # no session's end carried a milestone
     }
+
+
+def phase_samples(campaign: str, observed: dict[str, list[float]]) -> Samples:
+    """The phase histogram's samples: every phase's series, with ``observed`` seconds in them."""
+    out: Samples = {}
+    for phase in PHASES:
+        values = observed.get(phase, [])
+        labels = (("campaign", campaign), ("phase", phase))
+        for le in (*PHASE_BUCKETS, float("inf")):
+            bound = "+Inf" if le == float("inf") else str(le)
+            out[("probe_runner_session_phase_seconds_bucket", ((labels[0]), ("le", bound), labels[1]))] = \
+                sum(1 for v in values if v <= le)
+        out[("probe_runner_session_phase_seconds_count", labels)] = len(values)
+        out[("probe_runner_session_phase_seconds_sum", labels)] = sum(values)
+    return out
+
+
+def test_a_sessions_phases_are_observed_as_it_ends():
+    """Each phase its milestones bound, in seconds, as the session's end event tells them; one
+    the node's clock made negative counts as 0; a session not started observes none."""
+    registry = CollectorRegistry()
+    run = RunMetrics(registry)
+    run(RunPlanned("c1", {"present": 3}))
+    run(SessionStarted("present", "P-1/present-001"))
+    run(SessionEnded("present", "P-1/present-001", "P-1", "present-001", "succeeded", None, 10, {
+        "queued": "2026-01-01T00:00:00.000Z", "slot_held": "2026-01-01T00:00:00.020Z",
+        "pod_created": "2026-01-01T00:00:00.070Z", "scheduled": "2026-01-01T00:00:00.100Z",
+        "containers_started": "2026-01-01T00:00:02.100Z", "harness_started": "2026-01-01T00:00:02.000Z",
+        "harness_exited": "2026-01-01T00:00:42.000Z", "policy_wait_seconds": 0.7,
+        "outcome_journaled": "2026-01-01T00:00:42.300Z"}))
+    run(SessionStarted("present", "P-1/present-002"))
+    run(SessionEnded("present", "P-1/present-002", "P-1", "present-002", "refused (the policy)", None, 0, {
+        "queued": "2026-01-01T00:00:00.000Z", "budget_held": "2026-01-01T00:00:03.000Z",
+        "slot_held": "2026-01-01T00:00:03.001Z"}))
+    run(SessionEnded("present", "P-1/present-003", "P-1", "present-003", "not started (over budget)", None, 0,
+                     {"queued": "2026-01-01T00:00:00.000Z"}))
+    got = {k: v for k, v in samples(registry).items() if k[0].startswith("probe_runner_session_phase_seconds")}
+    assert got == phase_samples("c1", {
+        "budget_held": [3.0], "slot_held": [0.02, 0.001], "pod_created": [0.05], "scheduled": [0.03],
+        "containers_started": [2.0], "harness_started": [0.0], "harness_exited": [40.0], "outcome_journaled": [0.3]})
 
 
 def test_a_run_in_the_middle_counts_its_sessions_by_state():
