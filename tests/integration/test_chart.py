@@ -97,6 +97,12 @@ def values_of(path: Path | None) -> dict:
     return merge(base, yaml.safe_load(path.read_text()))
 
 
+def image_of(v: dict, name: str) -> str:
+    """The reference the install's pods use for images.<name>: by its digest where one is given."""
+    ref, digest = v["images"][name], v["images"][f"{name}Digest"]
+    return f"{ref.rsplit(':', 1)[0] if ':' in ref.rsplit('/', 1)[-1] else ref}@{digest}" if digest else ref
+
+
 def label_selector_matches(selector: dict, labels: dict) -> bool:
     """Kubernetes LabelSelector semantics."""
     if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
@@ -133,6 +139,7 @@ def test_every_rendered_object_is_valid_against_the_kubernetes_schema(values):
         expected += (["ConfigMap"] if m["dashboard"]["enabled"] else []) + \
             (["ServiceMonitor"] if m["serviceMonitor"]["enabled"] else [])
     expected += ["FlowSchema", "PriorityLevelConfiguration"] if v["flowControl"]["enabled"] else []
+    expected += ["DaemonSet", "NetworkPolicy"] if v["images"]["prePull"]["enabled"] else []  # images.prePull, its deny-all
     assert kinds == sorted(expected + (["CiliumNetworkPolicy"] if v["networkPolicy"]["cilium"]["enabled"] else [])
                            + (["Job"] if v["transformJob"]["campaign"] else []))
     for obj in objs:
@@ -242,7 +249,7 @@ def test_the_settings_configmap_is_what_the_values_say(values):
     assert (s.budget.campaign_usd, s.budget.session_usd, s.budget.call_usd) == tuple(
         None if money[k] is None else Decimal(str(money[k])) for k in ("campaignUsd", "sessionUsd", "callUsd"))
     assert (k.namespace, k.instance) == ("probes", "team-a")
-    assert (k.harness_image, k.reader_image) == (v["images"]["harness"], v["images"]["runner"])
+    assert (k.harness_image, k.reader_image) == (image_of(v, "harness"), image_of(v, "runner"))
     assert k.image_pull_policy == v["images"]["pullPolicy"] and k.image_pull_secrets == v["images"]["pullSecrets"]
     assert k.credentials_secret == (v["provider"]["credentialsSecret"] or None)
     assert k.store_secret == (v["bucket"]["credentialsSecret"] or None)
@@ -429,6 +436,8 @@ def test_network_policies_are_the_builders(values):
     del chart[names.object_name("probe-runner", "jobs", "policy")]  # the Jobs' own, see below
     if values_of(values)["metrics"]["allowFrom"]:  # the chart's own, selecting no session pod (test_metrics_*)
         del chart[names.object_name("probe-runner", "metrics", "policy")]
+    if values_of(values)["images"]["prePull"]["enabled"]:  # the pre-pull pods' deny-all (test_chart_images.py)
+        del chart[names.object_name("probe-runner", "prepull", "policy")]
     cilium = values_of(values)["networkPolicy"]["cilium"]["enabled"]
     if s.gateway.enabled:
         built = [policy.session_network_policy(s), policy.gateway_network_policy(s)]

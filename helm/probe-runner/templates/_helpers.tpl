@@ -130,3 +130,23 @@ alone: the egress proxy's and the gateway's (runner/k8s/policy.py's _provider_an
 {{- define "probe-runner.controllerMetricsName" -}}{{ .Release.Name }}-controller-metrics{{- end }}
 {{- define "probe-runner.gatewayMetricsName" -}}{{ .Release.Name }}-gateway-metrics{{- end }}
 {{- define "probe-runner.metricsLabel" -}}probe-runner.io/metrics{{- end }}
+
+{{/*
+The reference every pod uses for image `name` (harness, runner, egressProxy): images.<name> as
+given, or, with images.<name>Digest, its repository (the tag dropped) @ that digest. Both at
+once would name two digests or a tag and a digest apart: refused.
+include "probe-runner.image" (dict "root" $ "name" "harness")
+*/}}
+{{- define "probe-runner.image" -}}
+{{- $ref := index .root.Values.images .name -}}
+{{- $digest := index .root.Values.images (printf "%sDigest" .name) -}}
+{{- if not $digest -}}
+{{- $ref -}}
+{{- else if contains "@" $ref -}}
+{{- fail (printf "images.%s names a digest already (%s): leave images.%sDigest empty, or give images.%s by tag" .name $ref .name .name) -}}
+{{- else -}}
+{{- regexReplaceAll ":[^:/]+$" $ref "" }}@{{ $digest -}}
+{{- end -}}
+{{- end }}
+
+{{- define "probe-runner.prePullName" -}}{{ .Release.Name }}-prepull{{- end }}
