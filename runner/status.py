@@ -1,19 +1,21 @@
 """A campaign at a glance, from its ledger and stored streams: sessions by state, the cost the
 captured streams state, the refusals, whether its transcripts are ready to pull. Read by
-``probe-runner status`` (and its --watch), as one typed record (``CampaignStatus``) whose
+``probe-runner status`` (and its --watch), with where the captured sessions' time went
+(runner/phases.py), as one typed record (``CampaignStatus``) whose
 ``as_json`` is what ``status --json`` prints."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any, TypedDict
 
 from runner import digest, harnesses, layout
 from runner.budget import books
-from runner.executors.base import WaitingRecord, WaitReason
-from runner.ledger import Ledger, sessions_digest
+from runner.executors.base import Phases, WaitingRecord, WaitReason
+from runner.ledger import Ledger, SessionState, sessions_digest
+from runner.phases import PhaseSummary, summary
 from runner.plan import Plan
 from runner.store import NotFound, Store
 
@@ -69,9 +71,10 @@ class CampaignStatus:
     cost_usd: str                        # as the captured streams state it, a decimal string
     budget: BudgetStatus
     refusals: list[dict[str, Any]]       # refusals.json's, or the sessions refused so far
-    waiting: dict[str, WaitReason]       # session key -> why it waits for its pod
+    waiting: dict[str, WaitReason]       # session key -> why it waits for its pod, and in which phase
     transcripts: Transcripts
     stopped: Stopped | None
+    phases: PhaseSummary = field(default_factory=lambda: PhaseSummary({}, []))  # per phase over the captured sessions
 
     def as_json(self) -> dict[str, Any]:
         """The record as ``status --json`` prints it."""
@@ -79,12 +82,13 @@ class CampaignStatus:
 
 
 def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
-                    budget: Decimal | None = None) -> CampaignStatus:
+                    budget: Decimal | None = None, captured: dict[str, Phases] | None = None) -> CampaignStatus:
     """Sessions by state, the cost stated by the streams captured so far, the budget's books
     (spent, reserved and, against ``budget`` or else the one the last start was journaled
     under, left), and the refusals (refusals.json once the transform wrote it, else the
     sessions refused so far), the transcripts (``_transcripts``) and why the last run stopped
-    (``_stopped``). ``costs`` caches each stream's cost by key: a captured stream never changes."""
+    (``_stopped``), and the captured sessions' phases (``_phases``). ``costs`` caches each
+    stream's cost by key, ``captured`` each capture record's phases: neither ever changes."""
     ledger = Ledger(store, plan.campaign)
     states = ledger.sessions()
     counts: dict[str, int] = {}
@@ -122,7 +126,26 @@ def campaign_status(store: Store, plan: Plan, costs: dict[str, Decimal | None],
     read = sessions_digest(states, [spec.key for spec in plan.sessions()])
     return CampaignStatus(plan.campaign, total, sum(counts.get(k, 0) for k in FINAL), counts, arms, running, str(cost),
                           money, refusals, _waiting(store, plan, states), _transcripts(store, plan, read),
-                          _stopped(store, plan, read))
+                          _stopped(store, plan, read), _phases(store, plan, ledger, states, {} if captured is None else captured))
+
+
+def _phases(store: Store, plan: Plan, ledger: Ledger, states: dict[str, SessionState],
+            captured: dict[str, Phases]) -> PhaseSummary:
+    """The phases of the sessions whose outcome names a stored stream (their capture record's
+    milestones, and outcome_journaled from the outcome entry's ``at``); ``captured`` caches
+    each record's by key."""
+    sessions: dict[str, Phases] = {}
+    for spec in plan.sessions():
+        st = states.get(spec.key)
+        if st is None or not st.outcome or not st.detail.get("stream"):
+            continue
+        key = layout.SessionKeys(plan.campaign, spec.probe, spec.name, st.attempt).capture
+        if key not in captured:
+            written = _read(store, key)
+            captured[key] = json.loads(written).get("phases", {}) if written is not None else {}
+        entry = ledger.entry("outcome", spec.key, st.attempt)
+        sessions[spec.key] = {**captured[key], **({"outcome_journaled": entry["at"]} if entry and "at" in entry else {})}
+    return summary(sessions)
 
 
 def _stopped(store: Store, plan: Plan, read: str) -> Stopped | None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from runner.executors.base import WaitReason
     from runner.live import Board
+    from runner.phases import PhaseSummary
     from runner.service.events import Event, Subscriber
     from runner.status import CampaignStatus, Stopped, Transcripts
 
@@ -54,6 +55,8 @@ def status(settings: Settings, campaign: str, as_json: bool, watch: bool, interv
     for k in sorted(st.sessions):
         click.echo(f"  {k}: {st.sessions[k]}")
     for line in waiting_lines(st.waiting):
+        click.echo(line)
+    for line in phase_lines(st.phases):
         click.echo(line)
     click.echo(f"cost so far: {dollars(st.cost_usd)} (as the captured streams state it)")
     money = st.budget
@@ -184,12 +187,27 @@ def waiting_note(waiting: dict[str, WaitReason]) -> str:
 
 
 def waiting_lines(waiting: dict[str, WaitReason]) -> list[str]:
-    """Sessions that wait for their pod, one line per reason, most sessions first."""
-    by_reason: dict[str, list[str]] = {}
+    """Sessions that wait for their pod, one line per phase and reason, most sessions first."""
+    by_reason: dict[tuple[str, str], list[str]] = {}
     for session, w in waiting.items():
-        by_reason.setdefault(w["reason"], []).append(session)
-    return [f"  {len(s)} waiting: {reason} (e.g. {s[0]}, since {waiting[s[0]]['since']})"
-            for reason, s in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+        by_reason.setdefault((w.get("phase", ""), w["reason"]), []).append(session)
+    return [f"  {len(s)} waiting{f' in {phase}' if phase else ''}: {reason} (e.g. {s[0]}, since {waiting[s[0]]['since']})"
+            for (phase, reason), s in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+
+
+def phase_lines(phases: PhaseSummary) -> list[str]:
+    """Where the captured sessions' time went: each phase's p50/p95/p99 in seconds, and the
+    slowest sessions with the phase that took each longest (runner/phases.py)."""
+    if not phases.phases:
+        return []
+    n = max(p.sessions for p in phases.phases.values())
+    width = max(len(name) for name in phases.phases)
+    lines = [f"phases of {n} captured session(s), seconds p50 / p95 / p99:"]
+    lines += [f"  {name:<{width}}  {p.p50:9.3f} / {p.p95:9.3f} / {p.p99:9.3f}  ({p.sessions})"
+              for name, p in phases.phases.items()]
+    lines += ["slowest: " + "; ".join(f"{s.session} {s.seconds:.3f} s (longest {s.phase}, {s.phase_seconds:.3f} s)"
+                                      for s in phases.slowest)]
+    return lines
 
 
 def stopped_line(stopped: Stopped) -> str:

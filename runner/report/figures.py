@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from runner import layout
 from runner.budget import books
 from runner.ledger import Ledger
+from runner.phases import summary
 from runner.plan import Plan
 from runner.store import NotFound, Store
 from runner.transform.run import SessionRecord, Transformed, exact_sum, transform_campaign
@@ -130,8 +132,15 @@ def campaign_figures(store: Store, plan: Plan, link_seconds: int, progress: Call
     for r in done.report.refusals:
         if r["status"] not in RECORDER_REFUSED:
             not_recorded[r["reason"]] = not_recorded.get(r["reason"], 0) + 1
-    b = books(Ledger(store, plan.campaign))
+    ledger = Ledger(store, plan.campaign)
+    b = books(ledger)
     left = b.left()
+    phases = {}  # the captured sessions' milestones, outcome_journaled from the ledger's entry (runner/phases.py)
+    for captured in done.sessions:
+        if captured.capture and captured.stream:
+            entry = ledger.entry("outcome", captured.spec.key, captured.attempt)
+            phases[captured.spec.key] = {**(captured.capture.get("phases") or {}),
+                                         **({"outcome_journaled": entry["at"]} if entry else {})}
     metered = [r.capture["gateway"] for r in done.sessions if r.capture and "gateway" in r.capture]
     return {
         "campaign": plan.campaign,
@@ -157,4 +166,5 @@ def campaign_figures(store: Store, plan: Plan, link_seconds: int, progress: Call
         "refusals": refusals,
         "not_recorded": dict(sorted(not_recorded.items(), key=lambda kv: -kv[1])),
         "sessions": sessions,
+        "phases": asdict(summary(phases, slowest=10)),
     }

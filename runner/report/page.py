@@ -87,6 +87,7 @@ def render(figures: dict[str, Any]) -> str:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["usd"] = _usd
     env.filters["seconds"] = _seconds
+    env.filters["seconds3"] = lambda v: f"{float(v):.3f} s"
     template = env.from_string(resources.files("runner.report").joinpath("page.html.j2").read_text("utf-8"))
     return template.render(f=figures, charts=charts, outcomes=OUTCOMES, colours=COLOURS,
                            plotly_js=get_plotlyjs(), markup=Markup)

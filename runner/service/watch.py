@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
+from runner.executors.base import Phases
 from runner.plan import Plan
 from runner.service.events import StatusRead, Subscriber, ignore
 from runner.service.outcome import watched_exit
@@ -44,9 +45,11 @@ def follow(read: Callable[[], CampaignStatus], interval: float, on_event: Subscr
 
 
 def status_reader(store: Store, plan: Plan, budget: Decimal | None) -> Callable[[], CampaignStatus]:
-    """The campaign's status now, at each call (a captured stream's cost is read once)."""
+    """The campaign's status now, at each call (a captured stream's cost and its capture
+    record's phases are read once)."""
     costs: dict[str, Decimal | None] = {}
-    return lambda: campaign_status(store, plan, costs, budget)
+    captured: dict[str, Phases] = {}
+    return lambda: campaign_status(store, plan, costs, budget, captured)
 
 
 def watch_campaign(store: Store, plan: Plan, settings: Settings, interval: float, on_event: Subscriber) -> StatusReport:
