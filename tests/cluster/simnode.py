@@ -6,8 +6,9 @@ code: for every session pod bound to a node it makes host directories for the po
 points KWOK's exec for the pod at them (so the controller's exec transfers run the real shell
 commands against real files through the real API server), runs the pod's ``reader`` command
 (``python3 -m runner.entrypoints.pod reader``) as a host process, and runs the ``harness`` container's
-command under bubblewrap with the volumes bound at the pod's mount paths. When the harness
-process exits, it reports the container terminated in the pod's status, as a kubelet would.
+command under bubblewrap with the volumes bound at the pod's mount paths, and a file of its own
+at /dev/termination-log. When the harness process exits, it reports the container terminated in
+the pod's status with that file's text as its message, as a kubelet would.
 Deleting the pod kills both processes.
 
 ``harness`` overrides the CLI executable: the real Claude Code CLI for recorder tests, or a
@@ -341,6 +342,11 @@ class SimNode:
         if self.loader_exec_only:
             bwrap += ["--perms", "0111", "--ro-bind-data", str(loader_fd), loader]
         bwrap += ["--proc", "/proc", "--dev", "/dev"]
+        # As the kubelet does: a world-writable file the container's message is read from at its end.
+        termination = p.root / "termination-log"
+        termination.touch()
+        termination.chmod(0o666)
+        bwrap += ["--bind", str(termination), "/dev/termination-log"]
         for target, src in sorted(mounts.items()):
             bwrap += ["--bind", str(src), target]
         for extra in (str(self.image), *self.harness_binds):  # after the volumes: /tmp must not hide them
@@ -440,9 +446,12 @@ class SimNode:
 
     def _report_terminated(self, p: _Pod, pod: dict, container: str, code: int) -> None:
         now = _now()
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": now, "finishedAt": now}
+        message = p.root / "termination-log" if container == "harness" else None
+        if message is not None and message.exists() and message.stat().st_size:
+            terminated["message"] = message.read_text()[:4096]  # the kubelet's limit
         with self._lock:
-            p.ended[container] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                                 "startedAt": now, "finishedAt": now}}
+            p.ended[container] = {"terminated": terminated}
             ended = dict(p.ended)
         statuses = []
         for c in pod["spec"]["containers"]:

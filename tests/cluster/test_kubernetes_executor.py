@@ -31,6 +31,7 @@ from runner.executors.kubernetes import START_ATTEMPTS, KubernetesExecutor
 from runner.k8s import names
 from runner.k8s.api import Kube
 from runner.ledger import Ledger
+from runner.phases import ORDER, durations
 from runner.plan import parse_plan
 from runner.settings import load_settings
 from runner.store import open_store
@@ -212,6 +213,7 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
         assert capture["reader"]["peer_uid"] == 10001  # the harness uid, checked by the reader
         raw = st.get(capture["stream"]["key"])
         assert "sha256:" + hashlib.sha256(raw).hexdigest() == capture["stream"]["sha256"]
+        assert_pod_phases(capture["phases"], key)
     _wait_no_pods(kube_cluster, namespace)
     # Every request of the runner names it, exec included, so an operator (and bench/scale.py)
     # can tell its load on the API server from everyone else's in the audit log. Here the
@@ -230,6 +232,27 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
     assert runner_agent.isdisjoint(by[("patch", "pods/status")]), by
     execs = [e for e in mine if e["objectRef"].get("subresource") == "exec"]
     assert len({e["objectRef"]["name"] for e in execs}) == 8 and len(execs) >= 8 * 5, len(execs)
+
+
+# The milestones a session pod has here (issue 31, item 2), in their order: KWOK reports no
+# PodReadyToStartContainers, so no sandbox_ready; no budget is set, so no budget_held.
+POD_PHASES = ["queued", "slot_held", "pod_created", "scheduled", "image_pulled", "containers_started", "workspace_delivered",
+              "harness_started", "first_reply", "harness_exited", "stream_collected", "artifacts_collected"]
+
+
+def assert_pod_phases(phases: dict, session: str) -> None:
+    """Every milestone of a session pod, in order: the campaign's, then the pod watch's and the
+    controller's, the harness's entry point's and the reader's (the node's clock, here this
+    host's) between them. The entry point may start the CLI before the controller's delivery
+    exec has returned to it: its start is after the reader ran and before its first reply."""
+    assert [m for m in ORDER if m in phases] == POD_PHASES and set(phases) == {*POD_PHASES, "policy_wait_seconds"}, \
+        (session, phases)
+    controller = [phases[m] for m in POD_PHASES if m != "harness_started"]
+    assert controller == sorted(controller), (session, phases)
+    assert phases["containers_started"] <= phases["harness_started"] <= phases["first_reply"], (session, phases)
+    assert phases["policy_wait_seconds"] == 0  # no API server address in the harness's environment here: no wait
+    durations_ = durations(phases)
+    assert list(durations_) == POD_PHASES[1:] and durations_["harness_exited"] > 0, (session, durations_)
 
 
 def test_two_hundred_sessions_over_twenty_nodes(kube_cluster, nodes, namespace, sim_root, shared, real_stream, tmp_path):
