@@ -13,14 +13,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import SecretStr
 
 from runner import harnesses
 from runner.errors import UserError
-from runner.settings import Settings
+from runner.k8s import images
+from runner.settings import KubeSettings, Settings
 
 PROVIDER_TIMEOUT = 20.0  # seconds for the provider's answer to the token count
+NAMED_NODES = 10  # nodes a line names; the rest it counts
 
 
 @dataclass(frozen=True)
@@ -28,13 +31,21 @@ class Check:
     name: str
     ok: bool
     says: str  # what holds, or what is wrong and what to do
+    warn: bool = False  # it holds, but something will cost time (the first pods' image pulls): not a failure
+
+
+class Caveat(Exception):
+    """What a check raises where the install works but something will cost time, or could not
+    be checked from here: a WARN line, not a failure."""
 
 
 def _run(name: str, fn: Callable[[], str]) -> Check:
     """A check passes when ``fn`` returns what holds; a UserError (or an OSError) is the
-    failure, its message what to do."""
+    failure, its message what to do; a Caveat holds, with what to know."""
     try:
         return Check(name, True, fn())
+    except Caveat as e:
+        return Check(name, True, str(e), warn=True)
     except (UserError, OSError) as e:
         return Check(name, False, str(e))
 
@@ -117,7 +128,8 @@ def _provider(settings: Settings) -> str:
 def cluster_checks(settings: Settings) -> list[Check]:
     """The install this host's kubeconfig reaches, not this host: the chart's settings, its
     bucket (written and read from here, as submit and pull do), a ready provider gateway (or
-    egress proxy, where the gateway is off), and one confinement check by a canary pod (where
+    egress proxy, where the gateway is off), which session nodes lack the session images (a
+    warning: their first pods wait for the pull), and one confinement check by a canary pod (where
     kube.canary_enabled), whose routes include the provider's answer to the gateway's key."""
     from runner.k8s.api import Kube
 
@@ -167,4 +179,40 @@ def cluster_checks(settings: Settings) -> list[Check]:
     def store() -> str:
         return _store(found.get("install", settings))
 
-    return [_run("chart", chart), _run("store", store), _run("route", route), _run("cluster confinement", confinement)]
+    def node_images() -> str:
+        install = found.get("install")
+        if install is None:
+            raise UserError("not checked: the chart's settings were not found (above)")
+        try:
+            nodes = kube.list_nodes()
+        except UserError as e:
+            raise Caveat(f"not checked: {e}; a ClusterRole with list on nodes lets doctor say which session nodes "
+                         "lack the images") from None
+        return images_on_nodes(install.kube, nodes)
+
+    return [_run("chart", chart), _run("store", store), _run("route", route), _run("images", node_images),
+            _run("cluster confinement", confinement)]
+
+
+def _named(nodes: list[str]) -> str:
+    more = len(nodes) - NAMED_NODES
+    return ", ".join(nodes[:NAMED_NODES]) + (f" and {more} more" if more > 0 else "")
+
+
+def images_on_nodes(k: KubeSettings, nodes: list[dict[str, Any]]) -> str:
+    """Whether the nodes session pods may land on (by the install's nodeSelector and tolerations)
+    report the harness and the runner image (every session pod runs both): where one is missing,
+    the first session pods there wait for its pull."""
+    where = images.session_nodes(nodes, k.node_selector, k.tolerations)
+    if not where:
+        raise Caveat(f"none of the {len(nodes)} nodes admits session pods (nodeSelector {json.dumps(k.node_selector)}, "
+                     f"{len(k.tolerations)} tolerations, cordoned nodes left out): session pods wait until one does")
+    wanted = {"harness": k.harness_image, "runner": k.reader_image}
+    missing = {what: images.lacking(where, ref) for what, ref in wanted.items()}
+    if not any(missing.values()):
+        return f"all {len(where)} session nodes report the harness image {k.harness_image} and the runner image {k.reader_image}"
+    lack = [f"{len(m)} {'lacks' if len(m) == 1 else 'lack'} the {what} image {wanted[what]} ({_named(m)})"
+            for what, m in missing.items() if m]
+    raise Caveat(f"of {len(where)} session nodes, {' and '.join(lack)}: the first session pods there wait for the pull "
+                 "(images.prePull.enabled pulls them ahead); a node reports at most 50 images, its largest (the "
+                 "kubelet's nodeStatusMaxImages), so one it does not report may still be there")

@@ -260,6 +260,24 @@ class Kube:
                 raise ApiException(status=code, reason=str(obj.get("message", "watch error") if isinstance(obj, dict) else obj))
             yield {"type": event["type"], "object": obj}
 
+    def list_nodes(self) -> list[Obj]:
+        """Every Node as a plain dict, in pages of 500 (a node's status lists up to 50 images).
+        Nodes are cluster-scoped: an identity without the right to list them (a namespace's
+        operator) gets a UserError saying so."""
+        nodes: list[Obj] = []
+        token: str | None = None
+        while True:
+            try:
+                resp = self.call(self.core.list_node, limit=500, _continue=token, _request_timeout=60)
+            except ApiException as e:
+                if e.status == 403:
+                    raise UserError(f"this identity may not list Nodes ({_api_message(e)})") from None
+                raise
+            nodes += [self.api_client.sanitize_for_serialization(n) for n in resp.items]
+            token = resp.metadata._continue if resp.metadata is not None else None
+            if not token:
+                return nodes
+
     def network_policies(self) -> list[Obj]:
         resp = self.call(self.net.list_namespaced_network_policy, self.namespace, _request_timeout=30)
         policies: list[Obj] = [self.api_client.sanitize_for_serialization(p) for p in resp.items]

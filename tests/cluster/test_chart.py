@@ -119,8 +119,10 @@ def install(kube_cluster, bucket):
         "provider.credentialsSecret=provider", "bucket.store=s3://probes", f"bucket.endpoint={endpoint}",
         "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "gateway.replicas=1",
         # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
-        "session.canary.enabled=false"), extra=("--skip-tests",))  # helm install does not install its test pod either
-    kube_cluster.add_nodes(3, prefix=f"chart-{uid}")
+        "session.canary.enabled=false",
+        # session pods on this install's own nodes, whatever other tests add (doctor names them)
+        f"session.nodeSelector.pool=chart-{uid}"), extra=("--skip-tests",))  # helm install does not install its test pod either
+    kube_cluster.add_nodes(3, prefix=f"chart-{uid}", labels={"pool": f"chart-{uid}"})
     kube_cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
         "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
     # pods are admitted once the namespace's default ServiceAccount exists
@@ -374,9 +376,9 @@ def test_a_failed_session_of_a_submitted_campaign_is_resumed_by_a_job_in_the_clu
 def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, install, bucket, tmp_path):
     """`probe-runner doctor --cluster` (issue 16, item 3): against the installed chart, its
     settings and a ready provider gateway hold (the canary is off here: KWOK runs no container, and
-    doctor says it was not measured); against a namespace with no install, the chart and the
-    route checks fail, each with what to do, the confinement check is not measured, and the
-    exit is 1."""
+    doctor says it was not measured) and the session nodes' images are a warning; against a
+    namespace with no install, the chart and the route checks fail, each with what to do, the
+    images are not checked, the confinement check is not measured, and the exit is 1."""
 
     # Issue 29: "doctor --cluster runs the workstation's local checks (bubblewrap, the local CLI,
     # the workstation's key against api.anthropic.com), so it fails on a correct install whose
@@ -391,17 +393,26 @@ def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, instal
     namespace, release, _ = install
     assert ok.returncode == 0, ok.stdout + ok.stderr
     lines = dict(line[5:].split(": ", 1) for line in ok.stdout.splitlines())
-    assert list(lines) == ["chart", "store", "route", "cluster confinement"], ok.stdout
+    assert list(lines) == ["chart", "store", "route", "images", "cluster confinement"], ok.stdout
     assert lines["store"] == "s3://probes is reachable and writable"  # the install's bucket, from here
+    # KWOK's nodes report no image: a warning, naming them, which fails nothing (test_node_images.py has the rest)
+    nodes = ", ".join(f"chart-{release.removeprefix('pr-')}-{i}" for i in range(3))
+    assert f"WARN images: {lines['images']}" in ok.stdout.splitlines()
+    assert lines["images"] == (
+        f"of 3 session nodes, 3 lack the harness image ghcr.io/probe-runner/harness:0.1.0 ({nodes}) and 3 lack the "
+        f"runner image ghcr.io/probe-runner/runner:0.1.0 ({nodes}): the first session pods there wait for the pull "
+        "(images.prePull.enabled pulls them ahead); a node reports at most 50 images, its largest (the kubelet's "
+        "nodeStatusMaxImages), so one it does not report may still be there")
     assert lines["chart"] == f"the chart is installed as {release} in {namespace} (ConfigMap {release}-settings)"
     assert lines["route"] == "1 provider gateway pod(s) ready"
     assert lines["cluster confinement"].startswith("not measured: the install sets kube.canary_enabled false")
     assert missing.returncode == 1, missing.stdout
     failed = [line for line in missing.stdout.splitlines() if line.startswith("FAIL")]
-    assert len(failed) == 3 and failed[0].startswith(f"FAIL chart: reading ConfigMap {release}-settings in namespace {empty}")
+    assert len(failed) == 4 and failed[0].startswith(f"FAIL chart: reading ConfigMap {release}-settings in namespace {empty}")
     assert failed[1] == (f"FAIL route: no provider gateway pod of {release} is ready in {empty} (0 found): "
                          f"kubectl -n {empty} describe deployment {release}-gateway")
-    assert failed[2] == "FAIL cluster confinement: not measured: the chart's settings were not found (above)"
+    assert failed[2] == "FAIL images: not checked: the chart's settings were not found (above)"
+    assert failed[3] == "FAIL cluster confinement: not measured: the chart's settings were not found (above)"
     assert "Traceback" not in missing.stderr
 
 
