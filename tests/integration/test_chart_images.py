@@ -173,3 +173,17 @@ def test_the_prepull_daemonset_runs_both_images_on_the_nodes_session_pods_may_us
 
     assert [n for n, p in by_kind(objs, "NetworkPolicy").items()
             if label_selector_matches(p["spec"]["podSelector"], LABELS)] == [policy]
+
+
+def test_the_prepull_command_is_one_both_images_hold():
+    """`sleep infinity` is GNU coreutils' (an Essential package of every Debian system): both
+    images' final stages are Debian bookworm images, and neither removes it."""
+    from tests.unit.test_images import IMAGES, parse
+
+    objs = render(sets=("images.prePull.enabled=true",))
+    (daemonset,) = by_kind(objs, "DaemonSet").values()
+    assert [c["command"] for c in daemonset["spec"]["template"]["spec"]["containers"]] == [["sleep", "infinity"]] * 2
+    for image in ("harness", "runner"):
+        final = parse(IMAGES / image / "Dockerfile")[-1]
+        assert "bookworm" in final.base, final.base
+        assert not any("coreutils" in r or ("rm " in r and "/bin" in r) for r in final.all("RUN")), image
