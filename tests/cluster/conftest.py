@@ -398,8 +398,9 @@ AUDIT_POLICY = {"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
                 "omitStages": ["RequestReceived", "ResponseStarted"], "rules": [{"level": "Metadata"}]}
 
 
-def _kwokctl_config(bin_dir: Path, audit_policy: Path) -> dict[str, Any]:
-    return {
+def _kwokctl_config(bin_dir: Path, audit_policy: Path,
+                    apiserver_args: Mapping[str, str] | None = None) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",
         "options": {
@@ -417,6 +418,10 @@ def _kwokctl_config(bin_dir: Path, audit_policy: Path) -> dict[str, Any]:
             "kubeAuditPolicy": str(audit_policy),
         },
     }
+    if apiserver_args:  # more kube-apiserver flags, after kwokctl's (the last value of a flag wins)
+        config["componentsPatches"] = [{"name": "kube-apiserver", "extraArgs": [
+            {"key": k, "value": v, "override": False} for k, v in apiserver_args.items()]}]
+    return config
 
 
 def _kwokctl(bin_dir: Path, env: dict[str, str], config: Path, *args: str,
@@ -433,9 +438,11 @@ def kube_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeClust
 
 
 @contextmanager
-def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
+def start_cluster(bin_dir: Path, base: Path,
+                  apiserver_args: Mapping[str, str] | None = None) -> Iterator[KubeCluster]:
     """Start a kwokctl cluster from the built binaries, in ``base``; delete it on exit.
-    A plain context manager, so bench/ starts the same control plane as the tests."""
+    A plain context manager, so bench/ starts the same control plane as the tests.
+    ``apiserver_args``: more kube-apiserver flags, e.g. {"max-requests-inflight": "30"}."""
     _reap_orphans()
     base.mkdir(parents=True, exist_ok=True)
     name = f"pr-{os.getpid()}-{secrets.token_hex(3)}"
@@ -444,7 +451,7 @@ def start_cluster(bin_dir: Path, base: Path) -> Iterator[KubeCluster]:
     config = base / "kwokctl.yaml"
     audit_policy = base / "audit-policy.json"
     audit_policy.write_text(json.dumps(AUDIT_POLICY))
-    config.write_text(json.dumps(_kwokctl_config(bin_dir, audit_policy), indent=2))
+    config.write_text(json.dumps(_kwokctl_config(bin_dir, audit_policy, apiserver_args), indent=2))
     env = dict(os.environ)
     env.update({
         "KWOK_WORKDIR": str(workdir),
