@@ -95,6 +95,11 @@ class ExecutorConformance:
         assert record["exit_code"] == 0 and record["timed_out"] is False
         assert record["started_at"] <= record["ended_at"]
         assert (parsed.init or {}).get("cwd") == record["workspace"]  # the paths as the session saw them
+        # its phases (runner/phases.py): the harness's milestones in order, none of the campaign's
+        phases = record["phases"]
+        ran = [phases[m] for m in ("harness_started", "first_reply", "harness_exited", "stream_collected") if m in phases]
+        assert len(ran) >= 3 and ran == sorted(ran), phases
+        assert not {"queued", "budget_held", "slot_held", "outcome_journaled"} & set(phases), phases
 
     def test_the_files_a_session_wrote_are_collected(self, ready):
         ran = run_attempt(ready, 1)  # the superseding-decision scenario writes notes/supersession.md
