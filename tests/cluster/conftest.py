@@ -373,8 +373,18 @@ def _end_pids(pids: Sequence[int], grace: float = 5.0) -> None:
                 pass
 
 
+def _process_start(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot), which tells a process from a later one
+    given the same pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _reap_orphans() -> None:
-    """End clusters whose owning pytest process is gone (killed before its teardown)."""
+    """End clusters whose owning pytest process is gone (killed before its teardown). A
+    cluster this process runs is kept: a module may start one of its own beside the session's."""
     if not REGISTRY.is_dir():
         return
     for entry in REGISTRY.glob("*.json"):
@@ -385,7 +395,8 @@ def _reap_orphans() -> None:
         except (OSError, ValueError, KeyError):
             entry.unlink(missing_ok=True)
             continue
-        if _pid_alive(owner) and owner != os.getpid():
+        started = info.get("owner_start")
+        if _pid_alive(owner) and (started == _process_start(owner) if started else owner != os.getpid()):
             continue
         _end_pids(_cluster_pids(cluster_dir), grace=2.0)
         entry.unlink(missing_ok=True)
@@ -464,7 +475,8 @@ def start_cluster(bin_dir: Path, base: Path,
 
     REGISTRY.mkdir(parents=True, exist_ok=True)
     reg_entry = REGISTRY / f"{name}.json"
-    reg_entry.write_text(json.dumps({"owner_pid": os.getpid(), "cluster_dir": str(cluster.cluster_dir)}))
+    reg_entry.write_text(json.dumps({"owner_pid": os.getpid(), "owner_start": _process_start(os.getpid()),
+                                     "cluster_dir": str(cluster.cluster_dir)}))
 
     # A SIGTERM (a CI timeout, `kill`) still deletes the cluster (tests/teardown.py).
     on_term = contextlib.ExitStack()
