@@ -190,8 +190,43 @@ def cluster_checks(settings: Settings) -> list[Check]:
                          "lack the images") from None
         return images_on_nodes(install.kube, nodes)
 
-    return [_run("chart", chart), _run("store", store), _run("route", route), _run("images", node_images),
-            _run("cluster confinement", confinement)]
+    def runtime() -> str:
+        install = found.get("install")
+        if install is None:
+            raise UserError("not checked: the chart's settings were not found (above)")
+        name = install.kube.runtime_class
+        if not name:
+            return session_runtime(None, None)
+        try:
+            return session_runtime(name, kube.runtime_class(name))
+        except UserError as e:
+            if "may not read" not in str(e):
+                raise
+            raise Caveat(f"RuntimeClass {name}, not checked: {e}") from None
+
+    return [_run("chart", chart), _run("store", store), _run("route", route), _run("runtime", runtime),
+            _run("images", node_images), _run("cluster confinement", confinement)]
+
+
+GVISOR_HANDLERS = ("runsc", "gvisor")  # the handler names gVisor's installs give it (containerd runtimes.runsc)
+
+
+def session_runtime(name: str | None, runtime_class: dict[str, Any] | None) -> str:
+    """Which runtime session pods run under: the nodes' default (no RuntimeClass), or the
+    RuntimeClass ``name`` (as read: None where it does not exist, so every session pod would be
+    refused at admission) with its handler, and what gVisor asks of the harness image."""
+    if name is None:
+        return ("session pods run under each node's default runtime (kube.runtime_class unset: runc where "
+                "containerd's default is); session.runtimeClassName: gvisor runs them in gVisor's sandbox")
+    if runtime_class is None:
+        raise UserError(f"RuntimeClass {name} does not exist: the API server refuses every session pod naming it "
+                        f"(create it, or set session.runtimeClassName to one that exists: kubectl get runtimeclass)")
+    handler = str(runtime_class.get("handler", ""))
+    says = f"session pods run under RuntimeClass {name} (handler {handler})"
+    if any(handler.startswith(g) for g in GVISOR_HANDLERS):
+        says += (": gVisor's sandbox; the harness image must be its gVisor variant (images.harness "
+                 "ghcr.io/probe-runner/harness:<version>-gvisor: gVisor loads only readable executables)")
+    return says
 
 
 def _named(nodes: list[str]) -> str:

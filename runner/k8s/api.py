@@ -190,6 +190,7 @@ class Kube:
         self.net = client.NetworkingV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
         self.coordination = client.CoordinationV1Api(self.api_client)
+        self.node_api = client.NodeV1Api(self.api_client)
         self._exec_config = (exec_client or self.api_client).configuration
         self._exec_local = threading.local()
         # counted where the process serves them (metrics.port), else on a registry nobody reads
@@ -277,6 +278,20 @@ class Kube:
             token = resp.metadata._continue if resp.metadata is not None else None
             if not token:
                 return nodes
+
+    def runtime_class(self, name: str) -> Obj | None:
+        """The RuntimeClass ``name`` as a plain dict, None where there is none. Cluster-scoped:
+        an identity without the right to read it gets a UserError saying so."""
+        try:
+            rc = self.call(self.node_api.read_runtime_class, name, _request_timeout=30)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            if e.status == 403:
+                raise UserError(f"this identity may not read RuntimeClass {name} ({_api_message(e)})") from None
+            raise
+        found: Obj = self.api_client.sanitize_for_serialization(rc)
+        return found
 
     def network_policies(self) -> list[Obj]:
         resp = self.call(self.net.list_namespaced_network_policy, self.namespace, _request_timeout=30)

@@ -393,7 +393,10 @@ def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, instal
     namespace, release, _ = install
     assert ok.returncode == 0, ok.stdout + ok.stderr
     lines = dict(line[5:].split(": ", 1) for line in ok.stdout.splitlines())
-    assert list(lines) == ["chart", "store", "route", "images", "cluster confinement"], ok.stdout
+    assert list(lines) == ["chart", "store", "route", "runtime", "images", "cluster confinement"], ok.stdout
+    assert lines["runtime"] == (  # the chart's default: no RuntimeClass
+        "session pods run under each node's default runtime (kube.runtime_class unset: runc where containerd's default "
+        "is); session.runtimeClassName: gvisor runs them in gVisor's sandbox")
     assert lines["store"] == "s3://probes is reachable and writable"  # the install's bucket, from here
     # KWOK's nodes report no image: a warning, naming them, which fails nothing (test_node_images.py has the rest)
     nodes = ", ".join(f"chart-{release.removeprefix('pr-')}-{i}" for i in range(3))
@@ -408,11 +411,12 @@ def test_doctor_checks_the_install_and_says_what_is_missing(kube_cluster, instal
     assert lines["cluster confinement"].startswith("not measured: the install sets kube.canary_enabled false")
     assert missing.returncode == 1, missing.stdout
     failed = [line for line in missing.stdout.splitlines() if line.startswith("FAIL")]
-    assert len(failed) == 4 and failed[0].startswith(f"FAIL chart: reading ConfigMap {release}-settings in namespace {empty}")
+    assert len(failed) == 5 and failed[0].startswith(f"FAIL chart: reading ConfigMap {release}-settings in namespace {empty}")
     assert failed[1] == (f"FAIL route: no provider gateway pod of {release} is ready in {empty} (0 found): "
                          f"kubectl -n {empty} describe deployment {release}-gateway")
-    assert failed[2] == "FAIL images: not checked: the chart's settings were not found (above)"
-    assert failed[3] == "FAIL cluster confinement: not measured: the chart's settings were not found (above)"
+    assert failed[2] == "FAIL runtime: not checked: the chart's settings were not found (above)"
+    assert failed[3] == "FAIL images: not checked: the chart's settings were not found (above)"
+    assert failed[4] == "FAIL cluster confinement: not measured: the chart's settings were not found (above)"
     assert "Traceback" not in missing.stderr
 
 

@@ -153,3 +153,27 @@ def test_the_prepull_daemonset_runs_on_exactly_the_session_nodes(kube_cluster, i
     events = kube_cluster.kubectl("-n", namespace, "get", "events", "-o", "name", "--field-selector",
                                   "reason=FailedCreate").stdout
     assert events == ""  # no pod refused by the Pod Security admission
+
+
+def test_doctor_says_which_runtime_session_pods_run_under(kube_cluster, install):
+    """Issue 31, item 4: "doctor --cluster reports the session runtime". The install names a
+    RuntimeClass (session.runtimeClassName, in its settings ConfigMap): one that does not exist
+    fails (the API server would refuse every session pod); once it exists, its handler is said,
+    and gVisor's, with what it asks of the harness image."""
+    namespace, release, _ = install
+    core = client.CoreV1Api(kube_cluster.api_client())
+    name = f"gvisor-{secrets.token_hex(3)}"
+    core.patch_namespaced_config_map(f"{release}-settings", namespace, {"data": {"RUNNER_KUBE__RUNTIME_CLASS": name}})
+    try:
+        assert doctor(kube_cluster, namespace, release)["runtime"] == (
+            f"FAIL runtime: RuntimeClass {name} does not exist: the API server refuses every session pod naming it (create "
+            "it, or set session.runtimeClassName to one that exists: kubectl get runtimeclass)")
+        kube_cluster.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
+                            "handler": "runsc"})
+        assert doctor(kube_cluster, namespace, release)["runtime"] == (
+            f"ok   runtime: session pods run under RuntimeClass {name} (handler runsc): gVisor's sandbox; the harness image "
+            "must be its gVisor variant (images.harness ghcr.io/probe-runner/harness:<version>-gvisor: gVisor loads only "
+            "readable executables)")
+    finally:
+        core.patch_namespaced_config_map(f"{release}-settings", namespace, {"data": {"RUNNER_KUBE__RUNTIME_CLASS": None}})
+        kube_cluster.kubectl("delete", "runtimeclass", name, "--ignore-not-found")
