@@ -14,12 +14,21 @@ limit). When it exits, the runtime ends every process left in the container.
 
 The session runs under the harness's uid, so the socket alone does not keep it off the stream:
 it could attach to the CLI (the container runtime's RuntimeDefault seccomp profile allows
-ptrace) or write the CLI's memory through ``/proc/PID/mem``. So the entry point installs the
-filter of runner/executors/seccomp.py (ptrace, pidfd_getfd, process_vm_readv/writev fail with
-EPERM) on itself before it starts the CLI, and it refuses to start the CLI (exit 125, nothing
-spent) unless the CLI's ELF loader is unreadable to it: execve() then leaves every process of
-the container non-dumpable, which is what closes ``/proc/PID/fd`` and ``/proc/PID/mem`` to
-the session. The harness image makes its loader execute-only for that reason.
+ptrace), write the CLI's memory through ``/proc/PID/mem`` or reopen its stream through
+``/proc/PID/fd``. So the entry point installs the filter of runner/executors/seccomp.py
+(ptrace, pidfd_getfd, process_vm_readv/writev fail with EPERM) on itself before it starts the
+CLI, and it refuses to start the CLI (exit 125, nothing spent) unless the CLI's descendants
+will be refused its memory and its stream (``unconfined_because``), which holds when either
+
+(a) the CLI's ELF loader is execute-only: under runc, execve() then leaves every process of
+    the container non-dumpable, which closes ``/proc/PID/fd`` and ``/proc/PID/mem`` to the
+    session. The harness image makes its loader execute-only for that reason; or
+(b) Yama's ptrace_scope is 1 or more and a child of this entry point, under the filter and
+    its uid, is refused this process's ``/proc/PID/mem`` and the reopening of its stream
+    through ``/proc/PID/fd`` (``probe_stream``). gVisor's loader cannot start anything through
+    an execute-only loader and leaves every process dumpable, but its kernel applies Yama's
+    relational scope to ``/proc/PID/mem``, and the stream, a socket, cannot be reopened
+    through ``/proc`` at all (ENXIO). docs/security.md has the measured routes.
 
 Paths come from the environment (the pod manifest sets them), so the same code runs in a
 container and on the simulated nodes of the tests.
@@ -27,10 +36,13 @@ container and on the simulated nodes of the tests.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -40,7 +52,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import NamedTuple, NotRequired, TypedDict
 
 from runner.clock import now  # the standard library alone, as everything here
 from runner.phases import FirstReply
@@ -51,7 +63,7 @@ RECORD_NAME = "record.json"
 DELIVERED_NAME = "delivered"
 PACKED_NAME = "workspace.tar"
 TIMEOUT_EXIT = 124  # the session hit its time limit and was killed
-UNCONFINED_EXIT = 125  # the CLI would have been dumpable: refused before it ran
+UNCONFINED_EXIT = 125  # the session could have reached the CLI's memory or stream: refused before the CLI ran
 OPEN_NETWORK_EXIT = 126  # the pod's network policy was not in force: refused before the CLI ran
 GAVE_UP_EXIT = 3  # the reader's deadline passed: no controller finished with the pod
 # Where the kubelet reads a container's termination message (the default terminationMessagePath):
@@ -213,8 +225,8 @@ def _connect(path: Path, wait: float) -> socket.socket:
             time.sleep(0.1)
 
 
-def _dumpable_because(executable: str) -> str | None:
-    """Why the CLI would run dumpable (its loader is readable here), or None."""
+def _loader_readable_because(executable: str) -> str | None:
+    """Why the CLI's ELF loader is not execute-only here (condition (a) fails), or None."""
     from runner.errors import ConfinementError
     from runner.executors.elf import elf_loader
 
@@ -228,6 +240,95 @@ def _dumpable_because(executable: str) -> str | None:
     return f"its ELF loader {loader} is readable" if os.access(loader, os.R_OK) else None
 
 
+YAMA_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+MEM_REFUSED = frozenset({"EACCES", "EPERM"})
+# A socket cannot be reopened through /proc (ENXIO) whoever asks: the stream's own defence.
+STREAM_REFUSED = frozenset({"EACCES", "EPERM", "ENXIO"})
+_PR_GET_DUMPABLE = 3
+_PROBE_WAIT_SECONDS = 5.0
+
+
+def yama_scope(path: Path = YAMA_SCOPE) -> int | None:
+    """Yama's ptrace_scope (0 classic, 1 relational: only an ancestor may trace or open a
+    process's memory, 2 admin-only, 3 none), or None where the kernel has no Yama."""
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class StreamProbe(NamedTuple):
+    """What a child of the entry point met trying the session's two /proc routes against it:
+    each an errno name, or "OPEN" where the open succeeded."""
+
+    entry_dumpable: bool  # the entry point itself was dumpable: only then do the refusals show Yama's
+    mem: str  # opening the entry point's /proc/PID/mem for reading and writing
+    stream: str  # reopening the entry point's stream through /proc/PID/fd/N for writing
+
+
+def _open_outcome(path: str, flags: int) -> str:
+    try:
+        os.close(os.open(path, flags))
+    except OSError as e:
+        return errno.errorcode.get(e.errno or 0, str(e.errno))
+    return "OPEN"
+
+
+def probe_stream(stream_fd: int, wait: float = _PROBE_WAIT_SECONDS) -> StreamProbe:
+    """Fork a child (this process's uid, its seccomp filter, no exec: about 2 ms on Linux, 35 in gVisor) that
+    tries, as a session would against the CLI, to open this process's memory and to reopen
+    ``stream_fd`` through /proc; the child is reaped before this returns."""
+    parent = os.getpid()
+    dumpable = ctypes.CDLL(None, use_errno=True).prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0) == 1
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # two opens and a write, then _exit: no cleanup of the parent runs twice
+        try:
+            os.close(r)
+            os.write(w, " ".join((_open_outcome(f"/proc/{parent}/mem", os.O_RDWR),
+                                  _open_outcome(f"/proc/{parent}/fd/{stream_fd}",
+                                                os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY))).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        said = os.read(r, 256).decode() if select.select([r], [], [], wait)[0] else ""
+    finally:
+        os.close(r)
+        if not said:
+            os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    mem, stream = said.split() if said.count(" ") == 1 else ("no answer", "no answer")
+    return StreamProbe(dumpable, mem, stream)
+
+
+def unconfined_because(loader: str | None, yama: int | None, probe: StreamProbe) -> str | None:
+    """Why the CLI's descendants (the session) could reach its memory or reopen its stream,
+    or None when they cannot: the rule the entry point starts the CLI by.
+
+    ``loader``: why the CLI's ELF loader is not execute-only (None: it is, condition (a));
+    ``yama``: ptrace_scope (None: no Yama); ``probe``: what ``probe_stream`` met. Condition (b)
+    needs Yama's relational scope or stricter and the probe refused both routes by a dumpable
+    entry point (a non-dumpable one refuses them whatever Yama does: they then show nothing).
+    """
+    if loader is None:
+        return None
+    if yama is None:
+        why = "the kernel has no Yama (no /proc/sys/kernel/yama/ptrace_scope)"
+    elif yama < 1:
+        why = f"Yama's ptrace_scope is {yama}, so a descendant may open the CLI's memory"
+    elif not probe.entry_dumpable:
+        why = (f"Yama's ptrace_scope is {yama} but the probe ran against a non-dumpable entry point, "
+               "so its refusals do not show that Yama keeps the session out of a dumpable CLI")
+    else:
+        opened = ([f"its /proc/PID/mem ({probe.mem})"] if probe.mem not in MEM_REFUSED else []) + \
+                 ([f"its stream through /proc/PID/fd ({probe.stream})"] if probe.stream not in STREAM_REFUSED else [])
+        if not opened:
+            return None
+        why = f"Yama's ptrace_scope is {yama} but a child of the entry point was not refused " + " nor ".join(opened)
+    return f"{loader}, so the CLI would run dumpable; and {why}"
+
+
 def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tuple[Path, Path] | None) -> int:
     """``credentials``: (the file, where the harness reads it), both given by the pod's builder."""
     from runner.entrypoints.canary import wait_until_confined
@@ -235,7 +336,8 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tupl
 
     workspace = Path.cwd()  # the container's workingDir
     conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
-    why = _dumpable_because(argv[0])
+    seccomp.install(seccomp.program())  # before the probe, whose child must meet what the session will
+    why = unconfined_because(_loader_readable_because(argv[0]), yama_scope(), probe_stream(conn.fileno()))
     if why is not None:  # the reader sees an empty stream; the exit code says why
         print(f"probe harness: refused: the session could write into the CLI's stream: {why}", file=sys.stderr)
         return UNCONFINED_EXIT
@@ -249,7 +351,6 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tupl
               "its network policy is not in force", file=sys.stderr)
         return OPEN_NETWORK_EXIT
     waited = round(time.monotonic() - waited, 3)
-    seccomp.install(seccomp.program())
     task = os.environ.get("PROBE_TASK", "")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PROBE_")}
     copied = None

@@ -230,9 +230,12 @@ class KubernetesExecutor:
             raise SessionRefused("the session pod's network policy was not in force: the API server was still "
                                  "reachable from it when the harness was to start; the CLI did not run")
         if term.get("exitCode") == UNCONFINED_EXIT:
-            raise SessionRefused("the harness container could not be confined: the CLI's ELF loader is readable, so the "
-                                 "session could have written into its stream (the harness image must make it execute-only); "
-                                 "the CLI did not run")
+            said = (term.get("message") or "").strip().splitlines()  # the entry point's refusal (FallbackToLogsOnError)
+            raise SessionRefused("the harness container could not be confined: the CLI's ELF loader is readable, so the CLI "
+                                 "would run dumpable, and no Yama ptrace_scope was shown to keep the session out of its "
+                                 "memory and stream, so the session could have written into its stream (the harness image "
+                                 "must make the loader execute-only, or the pod run under gVisor); the CLI did not run"
+                                 + (f"; the entry point said: {said[-1][:500]}" if said else ""))
         record = self._reader_record(name)
         if record is None:
             reason = f"the capture reader recorded no end of the stream within {_RECORD_WAIT_SECONDS:g} s of the harness's end"

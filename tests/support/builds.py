@@ -120,3 +120,7 @@ REPO = Path(__file__).resolve().parents[2]
 # build for the cluster and node tiers alike.
 CONTROL_PLANE = Build("the control plane", REPO / "tests" / "cluster" / "build.sh", cache_root() / "cluster" / "last-build.log",
                       expect=("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "kwokctl"))
+# gVisor (tests/node/build-gvisor.sh: runsc and its containerd shim), for the node tier's second
+# runtime and for the integration tier's `runsc do` (tests/integration/test_gvisor_probe.py).
+GVISOR = Build("gVisor (runsc and its containerd shim)", REPO / "tests" / "node" / "build-gvisor.sh",
+               cache_root() / "last-gvisor-build.log", expect=("runsc", "containerd-shim-runsc-v1"))
