@@ -42,7 +42,15 @@ set -euo pipefail
 # ---- pins ---------------------------------------------------------------------------------
 REGISTRY=ghcr.io/probe-runner
 IMAGE_TAG=0.1.0
-PRODUCT_IMAGES=(egress-proxy runner harness)
+PRODUCT_IMAGES=(egress-proxy runner harness harness-gvisor)
+# A variant is a target stage of another image's Dockerfile, tagged <image>:<tag>-<variant>:
+# harness-gvisor is images/harness/Dockerfile's stage harness-gvisor (its loader readable, as
+# gVisor needs), ghcr.io/probe-runner/harness:0.1.0-gvisor.
+dir_of() { echo "${1%-gvisor}"; }
+target_of() { [[ "$1" == *-gvisor ]] && echo "$1"; return 0; }
+ref_of() { # NAME -> its reference
+  if [[ "$1" == *-gvisor ]]; then echo "${REGISTRY}/$(dir_of "$1"):${IMAGE_TAG}-gvisor"; else echo "${REGISTRY}/$1:${IMAGE_TAG}"; fi
+}
 PAUSE_REF=registry.k8s.io/pause:3.10
 PAUSE_VERSION=3.10
 # Base images the Dockerfiles name, and what their stand-ins are made of.
@@ -441,7 +449,8 @@ build_pause() {
 # ~/.npmrc (cafile=): pip's certifi and node's built-in CAs refuse a way out that re-signs TLS.
 # Build-time only; BUILD_CA= turns it off.
 build_product() { # NAME REF
-  local name=$1 ref=$2 mounts=()
+  local name=$1 ref=$2 mounts=() target
+  target="$(target_of "${name}")"
   if [[ -n "${BUILD_CA}" ]]; then
     local home="${WORKDIR}/build-home-${name}"
     rm -rf "${home}"; mkdir -p "${home}/.config/pip"; chmod 0700 "${home}"
@@ -451,7 +460,7 @@ build_product() { # NAME REF
     mounts=(-v "${home}:/root:rw")
   fi
   (cd "${CTX}" && "${NICE[@]}" buildah bud --pull=never --network=host --layers "${mounts[@]}" \
-     -f "images/${name}/Dockerfile" -t "${ref}" "${CTX}") >&2
+     -f "images/$(dir_of "${name}")/Dockerfile" ${target:+--target "${target}"} -t "${ref}" "${CTX}") >&2
   rm -rf "${WORKDIR}/build-home-${name}"
 }
 
@@ -475,16 +484,16 @@ standin_of() { # REF -> debian|python|node, or nothing
 declare -A IMAGE_KEY IMAGE_BASES
 compute_keys() {
   local kind name inputs bases b s lines dfs=()
-  for name in "${PRODUCT_IMAGES[@]}"; do dfs+=("${name}=images/${name}/Dockerfile"); done
+  for name in "${PRODUCT_IMAGES[@]}"; do dfs+=("${name}=images/$(dir_of "${name}")/Dockerfile"); done
   lines="$(py keys "$1" "$2" "${dfs[@]}")" || die "cannot read the build context"
   CONTEXT_HASH=""
   while read -r kind name inputs bases; do
     if [[ "${kind}" == context ]]; then CONTEXT_HASH="${name:0:16}"; continue; fi
-    local k="${RECIPE_REVISION} ${REGISTRY}/${name}:${IMAGE_TAG} ${inputs}"
+    local k="${RECIPE_REVISION} $(ref_of "${name}") $(target_of "${name}") ${inputs}"
     for b in ${bases//,/ }; do
       [[ "${b}" == - ]] && continue
       s="$(standin_of "${b}")"
-      [[ -n "${s}" ]] || die "images/${name}/Dockerfile builds on ${b}, which has no stand-in here: add one (see IMAGES-NOTES.md)"
+      [[ -n "${s}" ]] || die "images/$(dir_of "${name}")/Dockerfile builds on ${b}, which has no stand-in here: add one (see IMAGES-NOTES.md)"
       local v="KEY_${s}"
       k+=" ${b}=${!v}"
     done
@@ -624,7 +633,7 @@ declare -A BUILT_SECONDS
 ensure_image() {
   local name=$1 ref key b s t0
   if [[ "${name}" == pause ]]; then ref="${PAUSE_REF}"; key="${KEY_pause}"
-  else ref="${REGISTRY}/${name}:${IMAGE_TAG}"; key="${IMAGE_KEY[${name}]}"; fi
+  else ref="$(ref_of "${name}")"; key="${IMAGE_KEY[${name}]}"; fi
   local part="${STORE}/images/${name}-${key}"
   if [[ -s "${part}.oci.tar" && -s "${part}.json" ]]; then
     log "${ref}: cached (${name}-${key})"
@@ -636,7 +645,7 @@ ensure_image() {
     else
       for b in ${IMAGE_BASES[${name}]//,/ }; do s="$(standin_of "${b}")"; ensure_standin "${s}"; done
       t0=${SECONDS}
-      log "${ref}: building from images/${name}/Dockerfile (key ${key})"
+      log "${ref}: building from images/$(dir_of "${name}")/Dockerfile${IMAGE_BASES[${name}]:+} (key ${key})"
       build_product "${name}" "${ref}"
     fi
     buildah push --quiet "${ref}" "oci-archive:${part}.oci.tar.part:${ref}" >/dev/null

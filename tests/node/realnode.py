@@ -399,7 +399,7 @@ def _setup_network(node: RealNode) -> None:
          "-o", "eth0", "-j", "MASQUERADE")
 
 
-def _node_config(node: RealNode, pki: Pki, bins: dict[str, Path]) -> Path:
+def _node_config(node: RealNode, pki: Pki, bins: dict[str, Path], gvisor: Path | None = None) -> Path:
     w = node.work
     (w / "cni" / "net.d").mkdir(parents=True)
     (w / "cni" / "net.d" / "10-prn.conflist").write_text(json.dumps({
@@ -441,7 +441,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
+{_runsc_runtime(w, gvisor) if gvisor else ""}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{w / 'cni' / 'net.d'}"
 """)
@@ -483,6 +483,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     # bound to the ClusterRole its upstream DaemonSet manifest grants (applied below).
     router_kc = pki.kubeconfig("kube-router", node.server, "system:kube-router")
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(w)}
+    if gvisor:  # containerd finds a runtime's shim on its PATH (containerd-shim-runsc-v1)
+        env["PATH"] = f"{gvisor}:{env['PATH']}"
     (w / "logs").mkdir(exist_ok=True)
     daemons = [
         {"name": "containerd", "argv": ["containerd", "--config", str(w / "containerd.toml")],
@@ -627,13 +629,41 @@ def _node_ready(node: RealNode) -> bool:
     return conds.get("Ready") == "True"
 
 
+GVISOR_RUNTIME_CLASS = "gvisor"
+
+
+def _runsc_runtime(w: Path, gvisor: Path) -> str:
+    """containerd's ``runsc`` runtime: gVisor's shim, which runs every container of a pod in
+    the pod's one sandbox, with runsc's flags from runsc.toml. Platform systrap (gVisor's
+    default; no KVM here); the sandbox takes over the pod's network namespace as the CNI
+    plugins made it, so the node's NetworkPolicy enforcement meets its packets on the
+    bridge as it does runc's."""
+    (w / "runsc.toml").write_text(f"""binary_name = "{gvisor / 'runsc'}"
+root = "{w / 'runsc' / 'root'}"
+log_level = "info"
+log_path = "{w / 'logs' / 'runsc-shim-%ID%.log'}"
+[runsc_config]
+  platform = "systrap"
+  debug-log = "{w / 'logs' / 'runsc' / '%ID%.%COMMAND%.log'}"
+""")
+    (w / "logs" / "runsc").mkdir(parents=True, exist_ok=True)
+    return f"""    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "{w / 'runsc.toml'}"
+"""
+
+
 @contextlib.contextmanager
 def start_node(cp_bin: Path, node_bin: Path, base: Path, images: Sequence[Path] = (),
-               hosts: dict[str, str] | None = None) -> Iterator[RealNode]:
+               hosts: dict[str, str] | None = None, gvisor: Path | None = None) -> Iterator[RealNode]:
     """Start the control plane and the node; import ``images`` (OCI archives) into the
     node's containerd; start cluster DNS with ``hosts`` (name -> address; the names
     ``provider`` and ``other`` stand for the node's provider and other-host addresses); yield
-    once the node is Ready and DNS answers. Everything is stopped on exit."""
+    once the node is Ready and DNS answers. Everything is stopped on exit. With ``gvisor``
+    (build-gvisor.sh's bin directory), containerd has a second runtime, ``runsc``, and the
+    RuntimeClass ``gvisor`` names it (GVISOR_RUNTIME_CLASS)."""
     if os.geteuid() != 0:
         raise RuntimeError("a real node needs root (network and mount namespaces, cgroups)")
     ident = f"prn-{secrets.token_hex(3)}"
@@ -653,7 +683,7 @@ def start_node(cp_bin: Path, node_bin: Path, base: Path, images: Sequence[Path] 
         pki = Pki(work / "pki")
         pki.kubeconfig("admin", f"https://{node.host_ip}:6443", "kubernetes-admin", ["system:masters"])
         _start_control_plane(node, pki, cp_bin)
-        config = _node_config(node, pki, bins)
+        config = _node_config(node, pki, bins, gvisor)
         node.apply(router_rbac())
         for h in _cgroup_hierarchies():
             (h / ident).mkdir()
@@ -681,6 +711,9 @@ def start_node(cp_bin: Path, node_bin: Path, base: Path, images: Sequence[Path] 
         if "kube-router" in bins:
             _wait("kube-router's policy chains", lambda: node.in_node(
                 "iptables", "-S", "KUBE-ROUTER-FORWARD", check=False).returncode == 0, 90, node)
+        if gvisor:
+            node.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": GVISOR_RUNTIME_CLASS},
+                        "handler": "runsc"})
         named = {"provider": node.provider_ip, "other": node.other_ip}
         node.apply(cluster_dns({k: named.get(v, v) for k, v in (hosts or {}).items()}))
         node.kubectl("-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s", timeout=130)

@@ -105,23 +105,28 @@ def test_uids_are_those_the_pods_run_with():
 
 def test_harness_image_has_the_pinned_cli_python3_and_the_runner_package():
     stages = parse(IMAGES / "harness" / "Dockerfile")
-    final = stages[-1]
+    by_alias = {s.alias: s for s in stages}
+    base, gvisor, final = by_alias["harness-base"], by_alias["harness-gvisor"], stages[-1]
     pinned = re.search(r"^CLAUDE_CODE_VERSION=(\S+)", (REPO / ".ci" / "versions").read_text(), re.M).group(1)
-    assert f"CLAUDE_CODE_VERSION={pinned}" in final.all("ARG")
-    assert any('"@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}"' in r for r in final.all("RUN"))
-    assert any("python3" in r.split("apt-get install")[-1] for r in final.all("RUN") if "apt-get install" in r)
-    assert "--from=build /opt/runner /opt/runner" in final.all("COPY")
+    assert f"CLAUDE_CODE_VERSION={pinned}" in base.all("ARG")
+    assert any('"@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}"' in r for r in base.all("RUN"))
+    assert any("python3" in r.split("apt-get install")[-1] for r in base.all("RUN") if "apt-get install" in r)
+    assert "--from=build /opt/runner /opt/runner" in base.all("COPY")
     build = stages[0]
     assert "runner /src/runner" in build.all("COPY") and any("pip install" in r and "/src" in r for r in build.all("RUN"))
     # The pod runs `python3 -m runner.entrypoints.pod` with PATH /usr/local/bin:/usr/bin:/bin: the
     # wrapper the image puts first on that PATH must run the venv's interpreter.
     assert manifests.POD_MODULE[0] == "python3"
-    assert any("/usr/local/bin/python3" in r and "exec /opt/runner/bin/python3" in r for r in final.all("RUN"))
-    assert final.all("WORKDIR") == [sandbox.WORKSPACE]
-    # Non-dumpable processes (runner/entrypoints/pod.py refuses a readable loader): the loader is made
-    # execute-only, after every step that runs as root and before the harness user.
-    runs = final.all("RUN")
-    assert "chmod 0111" in runs[-1] and "/lib64/ld-linux-x86-64.so.2" in runs[-1]
+    assert any("/usr/local/bin/python3" in r and "exec /opt/runner/bin/python3" in r for r in base.all("RUN"))
+    # The default image (the last stage, what a plain build makes) and gVisor's variant are the
+    # same base, the same user and workspace; the default alone makes its loader execute-only
+    # (non-dumpable processes: runner/entrypoints/pod.py refuses a readable loader outside gVisor),
+    # its one step after the base's, as root, before the harness user.
+    assert final.alias == "harness" and final.base == gvisor.base == "harness-base"
+    for stage in (final, gvisor):
+        assert stage.all("WORKDIR") == [sandbox.WORKSPACE] and stage.all("USER") == [f"{KubeSettings().harness_uid}:10001"]
+    assert final.all("RUN") == [r for r in final.all("RUN") if "chmod 0111" in r and "/lib64/ld-linux-x86-64.so.2" in r] != []
+    assert gvisor.all("RUN") == [] and gvisor.all("COPY") == []
 
 
 def test_runner_image_is_multi_stage_and_runs_the_controller_and_the_reader():
