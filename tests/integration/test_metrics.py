@@ -8,12 +8,10 @@ with PromQL through Prometheus's HTTP API."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
-import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -22,6 +20,8 @@ import pytest
 from ports import free_port  # tests/ is on the path (tests/conftest.py)
 from support.cli import local_settings, probe_runner
 from support.dashboard import dashboard_queries
+from support.prometheus import by
+from support.prometheus import prometheus as serve_prometheus
 from support.waiting import until
 
 from runner.demo import CORPUS, PLAN, SCENARIOS
@@ -32,7 +32,6 @@ from runner.metrics import Metrics, serving
 from runner.settings import DEFAULT_PRICES, MetricsSettings
 from runner.store.file import FileStore
 
-PROMETHEUS = "/usr/bin/prometheus"  # Debian's package (.ci/setup installs it)
 SCRAPE = "200ms"  # a local run ends in a minute: scraped often, so its states are seen on the way
 
 Query = Callable[..., list[dict]]
@@ -40,59 +39,18 @@ Query = Callable[..., list[dict]]
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[[dict[str, int]], Query]]:
-    """Factory: ``prometheus({job: port})`` starts Prometheus scraping each job's
-    127.0.0.1:port/metrics every SCRAPE; returns ``query(promql)``, the instant query's result."""
-    started: list[subprocess.Popen[bytes]] = []
+    """Factory: ``prometheus({job: port})`` starts Prometheus (tests/support/prometheus.py)
+    scraping each job's 127.0.0.1:port/metrics every SCRAPE; returns ``query(promql)``, the
+    instant query's result."""
+    with contextlib.ExitStack() as started:
+        def start(targets: dict[str, int]) -> Query:
+            config = {"global": {"scrape_interval": SCRAPE, "scrape_timeout": SCRAPE},
+                      "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+                                         for job, port in targets.items()]}
+            served = started.enter_context(serve_prometheus(config, tmp_path / "prometheus", targets=len(targets)))
+            return served.query
 
-    def start(targets: dict[str, int]) -> Query:
-        config = {"global": {"scrape_interval": SCRAPE, "scrape_timeout": SCRAPE},
-                  "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-                                     for job, port in targets.items()]}
-        (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-        port = free_port()
-        log = (tmp_path / "prometheus.log").open("wb")
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        started.append(proc)
-        base = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as r:
-                    return r.status == 200
-            except OSError:
-                return False
-
-        until(ready, 60, "Prometheus ready", interval=0.2, seen=lambda: (tmp_path / "prometheus.log").read_text()[-1000:])
-
-        def scraping() -> bool:  # its targets are applied some seconds after its start: each tried once (up or not)
-            with urllib.request.urlopen(f"{base}/api/v1/targets", timeout=5) as r:
-                active = json.loads(r.read())["data"]["activeTargets"]
-            return len(active) == len(targets) and all(t["health"] != "unknown" for t in active)
-
-        until(scraping, 60, "Prometheus scraping its targets", interval=0.2)
-
-        def query(promql: str, at: float | None = None) -> list[dict]:
-            url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": promql, **({"time": at} if at else {})})
-            with urllib.request.urlopen(url, timeout=10) as r:
-                answer = json.loads(r.read())
-            assert answer["status"] == "success", answer
-            result: list[dict] = answer["data"]["result"]
-            return result
-
-        return query
-
-    yield start
-    for proc in started:
-        proc.terminate()
-        proc.wait(30)
-
-
-def by(result: list[dict], *labels: str) -> dict[tuple[str, ...], float]:
-    """A PromQL vector as {label values: value}."""
-    return {tuple(r["metric"].get(label, "") for label in labels): float(r["value"][1]) for r in result}
+        yield start
 
 
 def test_prometheus_scrapes_a_local_campaign_run_and_promql_returns_its_sessions_by_state(
