@@ -3,7 +3,10 @@ the real helm (restricted Pod Security), a campaign submitted with ``probe-runne
 (bucket: moto on the host), the controller Job running real session pods from the built images
 (the real Claude Code CLI, holding a token of its own attempt, through the provider gateway,
 which calls the scripted provider over TLS under its host name with the key),
-``status --watch`` to the end, verified transcripts pulled."""
+``status --watch`` to the end, verified transcripts pulled; meanwhile a real Prometheus on the
+node, finding the chart's metrics Services' endpoints through the API server, scrapes
+the controller and the gateway pods, and PromQL returns the campaign's sessions by state (issue
+31, item 1)."""
 
 from __future__ import annotations
 
@@ -11,11 +14,17 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
+from support.dashboard import dashboard_queries
+from support.prometheus import Prometheus, by, prometheus
 
 from runner import demo
 from runner.k8s import jobs
+from runner.phases import ORDER
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -25,7 +34,122 @@ def _cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedPro
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+# The milestones a session pod's capture record carries (outcome_journaled is the ledger's).
+POD_MILESTONES = set(ORDER) - {"outcome_journaled"}
+SCRAPE = "250ms"  # the controller serves while its Job runs: scraped often, so its last counts are seen
+PROMETHEUS_PORT = 19090  # in the node's network namespace, on the node's address
+
+
+def scrape_config(targets: Path) -> dict:
+    """Scrape what ``targets`` lists (file-based discovery: Debian's Prometheus is built without
+    its Kubernetes discovery, so ``Discovery`` plays that part)."""
+    return {"global": {"scrape_interval": SCRAPE, "scrape_timeout": SCRAPE},
+            "scrape_configs": [{"job_name": "probe-runner",
+                                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}]}
+
+
+class Discovery(threading.Thread):
+    """What Prometheus's Kubernetes discovery does for an operator (role endpointslice, keeping
+    the Services labelled probe-runner.io/metrics and their port ``metrics``): the install's
+    metrics endpoints through the API server, written as a file_sd targets file, labelled by
+    component and pod, every half second."""
+
+    def __init__(self, install, path: Path) -> None:
+        super().__init__(daemon=True)
+        from kubernetes import client
+
+        self.core, self.discovery = client.CoreV1Api(install.node.api_client()), client.DiscoveryV1Api(install.node.api_client())
+        self.namespace, self.path = install.namespace, path
+        self.error: BaseException | None = None
+        self._halt = threading.Event()
+        self.write()
+
+    def targets(self) -> list[dict]:
+        out = []
+        for svc in self.core.list_namespaced_service(self.namespace, label_selector="probe-runner.io/metrics=true").items:
+            component = svc.metadata.labels["app.kubernetes.io/component"]
+            for es in self.discovery.list_namespaced_endpoint_slice(
+                    self.namespace, label_selector=f"kubernetes.io/service-name={svc.metadata.name}").items:
+                port = next((p.port for p in es.ports or [] if p.name == "metrics"), None)
+                for ep in es.endpoints or [] if port else []:
+                    pod = ep.target_ref.name if ep.target_ref else ""
+                    out += [{"targets": [f"{a}:{port}"], "labels": {"component": component, "pod": pod}}
+                            for a in ep.addresses]
+        return out
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.targets()))
+        tmp.replace(self.path)
+
+    def run(self) -> None:
+        try:
+            while not self._halt.wait(0.5):
+                self.write()
+        except BaseException as e:  # reported by stop(), never swallowed
+            self.error = e
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+        assert self.error is None, f"discovery failed: {self.error!r}"
+
+
 def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, bucket, tmp_path):
+    node = install.node
+    # On the node (kube-router admits what a pod's own node sends it, as the NetworkPolicy spec
+    # allows): the gateway's pod is its one target before the campaign starts.
+    discovery = Discovery(install, tmp_path / "targets.json")
+    discovery.start()
+    try:
+        with prometheus(scrape_config(tmp_path / "targets.json"), tmp_path / "prometheus", host=node.node_ip,
+                        port=PROMETHEUS_PORT, prefix=["nsenter", f"--net=/run/netns/{node.netns}"], targets=1) as prom:
+            before = _gateway_calls(prom)
+            campaign, ended = _campaign(install, provider, bucket, tmp_path)
+            _scraped(prom, campaign, before, ended)
+    finally:
+        discovery.stop()
+
+
+def _gateway_calls(prom: Prometheus) -> dict[tuple[str, ...], float]:
+    """The gateway's calls by outcome, and its refusals by reason (keyed ("refusal", reason))."""
+    calls = by(prom.query('sum by (outcome) (probe_runner_gateway_calls_total{component="gateway"})'), "outcome")
+    refusals = by(prom.query('sum by (reason) (probe_runner_gateway_refusals_total{component="gateway"})'), "reason")
+    return {**calls, **{("refusal", *k): v for k, v in refusals.items()}}
+
+
+def _scraped(prom: Prometheus, campaign: str, before: dict[tuple[str, ...], float], ended: float) -> None:
+    """What the node's Prometheus scraped of the campaign, by PromQL."""
+    ran = f'{{component="controller",campaign="{campaign}"}}'
+    window = f"[{int(time.time() - ended) + 600}s]"
+    # The campaign's sessions by state: four in all at every scrape, at most two running at once
+    # (the install's concurrency), all four done at the end.
+    most = by(prom.query(f"max_over_time((sum by (state) (probe_runner_sessions{ran}))[{window[1:-1]}:{SCRAPE}])"), "state")
+    assert 1 <= most[("running",)] <= 2 and most[("done",)] == 4, (most, prom.targets())
+    last = by(prom.query(f"sum by (state) (last_over_time(probe_runner_sessions{ran}{window}))"), "state")
+    assert last == {("waiting",): 0, ("running",): 0, ("done",): 4}, last
+    outcomes = by(prom.query(f"last_over_time(probe_runner_session_outcomes_total{ran}{window}) > 0"), "arm", "status")
+    assert outcomes == {("present", "succeeded"): 2, ("absent", "succeeded"): 2}, outcomes
+    verbs = by(prom.query(f'sum by (verb) (last_over_time(probe_runner_api_requests_total{{component="controller"}}{window}))'),
+               "verb")
+    assert verbs[("create",)] >= 4 and verbs[("exec",)] >= 4, verbs  # a pod and a delivery per session at least
+    # The gateway's pod served the sessions' calls: forwarded, none refused.
+    seen = {k: v - before.get(k, 0) for k, v in _gateway_calls(prom).items()}
+    calls = {k: v for k, v in seen.items() if k[0] != "refusal"}
+    refusals = {k[1:]: v for k, v in seen.items() if k[0] == "refusal" and v > 0}
+    # Refused: only what the confinement checks' canaries ask to see refused (a server tool and
+    # an MCP server through the gateway: its request policy), two per check; the sessions' own
+    # calls were all forwarded (each capture's meter says refused 0, above).
+    assert calls[("forwarded",)] >= 4 and calls[("failed",)] == 0, (calls, refusals)
+    assert set(refusals) == {("policy",)} and calls[("refused",)] == refusals[("policy",)], (calls, refusals)
+    assert calls[("refused",)] % 2 == 0 and calls[("refused",)] >= 2, (calls, refusals)
+    # Every query of the chart's Grafana dashboard parses and returns series as the run ended.
+    empty = [(title, expr) for title, expr in dashboard_queries(campaign=campaign) if not prom.query(expr, ended - 1)]
+    assert empty == [], empty
+
+
+def _campaign(install, provider, bucket, tmp_path) -> tuple[str, float]:
+    """The campaign from submit to pull: its name, and when its controller's last scrape could be."""
     node, user = install.node, install.settings_env(tmp_path)
     campaign = f"node-{secrets.token_hex(3)}"
     plan = json.loads(demo.PLAN.read_text())
@@ -33,9 +157,12 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(plan))
 
-    submitted = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS))
+    # A budget: its books are metrics too (the dashboard's budget panels have series).
+    submitted = _cli(user, "submit", str(plan_file), "--corpus", str(demo.CORPUS), "--budget-usd", "20",
+                     "--session-budget-usd", "1")
     assert submitted.returncode == 0, submitted.stderr
     watched = _cli(user, "status", campaign, "--watch", "--interval", "2", timeout=900)
+    ended = time.time()  # the watch ends after the controller's transform, as its Job ends
     job_logs = node.kubectl("-n", install.namespace, "logs", f"job/{jobs.job_name(campaign)}", check=False).stdout
     assert watched.returncode == 0, watched.stderr + job_logs
     bars = [line for line in watched.stdout.splitlines() if line.startswith("[")]
@@ -58,6 +185,13 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
         assert c["confinement_checks"] and all(ch["passed"] for ch in c["confinement_checks"])
         # Owned by the controller Job: the downward API gave the controller its Job's name.
         assert c["pod"]["owner"] == jobs.job_name(campaign), c["pod"]
+        assert c["pod"]["runtime_class"] is None  # the node's default runtime: runc
+        # A real kubelet's milestones (issue 31, item 2): every one a pod passes, the sandbox's
+        # condition and the containers' states as the kubelet reports them, in their order.
+        assert {m for m in c["phases"] if m in ORDER} == POD_MILESTONES, c["phases"]
+        stamps = [c["phases"][m] for m in ORDER if m in POD_MILESTONES]
+        assert stamps == sorted(stamps), c["phases"]
+        assert 0 <= c["phases"]["policy_wait_seconds"] < 30, c["phases"]
         # Every call went through the gateway, which metered it into the attempt's Lease.
         assert c["gateway"]["calls"] >= 1 and not c["gateway"]["refused"], c["gateway"]
     # The provider saw the key on every call, never a session's token (the sessions held no key).
@@ -90,6 +224,7 @@ def test_a_campaign_runs_in_real_pods_from_submit_to_pull(install, provider, buc
     assert one.returncode == 0, one.stderr
     assert {f"campaign-{arm}.md": text for arm, text in json.loads(one.stdout).items()} == \
         {t.name: t.read_text() for t in transcripts}
+    return campaign, ended
 
 
 ONE_PROCESS_TRANSFORM = """
