@@ -74,9 +74,28 @@ _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+# The harness's first byte on the stream's socket, before anything of the CLI's: it carries the
+# connecting process's credentials (SCM_CREDENTIALS, which the kernel fills in and a process
+# without privileges cannot forge), the reader's proof of who connected. Not SO_PEERCRED: gVisor
+# answers it with the asking process's own credentials (its netstack.go), so a reader in gVisor
+# could tell no peer apart; credentials passed with a message are the sender's in both kernels.
+HELLO = b"\0"
+_HELLO_SECONDS = 10.0  # how long the reader waits for a connected peer's first byte
+
+
+def _hello_uid(conn: socket.socket) -> int | None:
+    """The uid the connected peer's first byte came with (the listening socket passes
+    credentials, SO_PASSCRED), or None where it sent none, or not HELLO, in time."""
+    conn.settimeout(_HELLO_SECONDS)
+    try:
+        data, ancillary, _, _ = conn.recvmsg(1, socket.CMSG_SPACE(struct.calcsize("3i")))
+    except (TimeoutError, OSError):
+        return None
+    finally:
+        conn.settimeout(None)
+    creds = [struct.unpack("3i", d[:struct.calcsize("3i")]) for level, kind, d in ancillary
+             if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
+    return int(creds[0][1]) if data == HELLO and len(creds) == 1 else None
 
 
 class ReaderRecord(TypedDict):
@@ -149,6 +168,7 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
     path = socket_dir / SOCKET_NAME
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # each accepted socket passes its peer's (HELLO)
     # The harness runs under another uid and may connect the moment the path exists, so the
     # socket is made with mode 0666 at bind (a chmod after bind leaves a window in which its
     # connect fails with EACCES); the path is removed on accept.
@@ -161,10 +181,11 @@ def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None
     refused: list[int] = []
     while True:
         conn, _ = server.accept()
-        uid = _peer_uid(conn)
-        if harness_uid is None or uid == harness_uid:
+        said = _hello_uid(conn)
+        if said is not None and (harness_uid is None or said == harness_uid):
+            uid = said
             break
-        refused.append(uid)
+        refused.append(-1 if said is None else said)  # -1: no credentials came
         conn.close()
     server.close()
     path.unlink(missing_ok=True)
@@ -336,6 +357,7 @@ def harness(argv: list[str], socket_dir: Path, timeout: float, credentials: tupl
 
     workspace = Path.cwd()  # the container's workingDir
     conn = _connect(socket_dir / SOCKET_NAME, _CONNECT_WAIT_SECONDS)
+    conn.sendall(HELLO)  # with this process's credentials: the reader's proof of who connected
     seccomp.install(seccomp.program())  # before the probe, whose child must meet what the session will
     why = unconfined_because(_loader_readable_because(argv[0]), yama_scope(), probe_stream(conn.fileno()))
     if why is not None:  # the reader sees an empty stream; the exit code says why

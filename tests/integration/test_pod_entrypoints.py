@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,7 +49,7 @@ def test_reader_socket_is_connectable_by_another_uid_from_the_moment_it_exists(t
         assert reader.stdout.readline().strip() == "0o666"
         # as the harness connects: a refusal between bind and listen is retried, EACCES is not
         with pod._connect(sock_dir / "stdout.sock", 10) as s:
-            s.sendall(b'{"type":"system"}\n')
+            s.sendall(pod.HELLO + b'{"type":"system"}\n')
         until((capture / "record.json").exists, 10, "the reader's record")
         record = json.loads((capture / "record.json").read_text())
         assert record["bytes"] == 18 and record["eof"] is True
@@ -56,6 +58,51 @@ def test_reader_socket_is_connectable_by_another_uid_from_the_moment_it_exists(t
     finally:
         reader.kill()
         reader.wait()
+
+
+PEER_READER = """
+import sys
+from pathlib import Path
+from runner.entrypoints import pod
+pod._HELLO_SECONDS = 1.0
+pod.reader(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+"""
+AS_UID = "import os, socket, sys; os.setgid(int(sys.argv[2])); os.setuid(int(sys.argv[2])); " \
+         "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(bytes.fromhex(sys.argv[3])); s.close()"
+
+
+def test_the_reader_takes_the_stream_only_from_the_harness_uid_by_the_credentials_of_its_first_byte():
+    """Who connected is told by the credentials the kernel attaches to the connecting process's
+    first byte (SCM_CREDENTIALS), not by SO_PEERCRED, which gVisor answers with the asking
+    process's own: a peer of another uid is refused, and so is one that sends no HELLO first
+    (its credentials never come), before the harness's connection is taken."""
+    assert os.geteuid() == 0, "connecting as other uids needs root (this tier runs as root)"
+    top = Path(tempfile.mkdtemp(prefix="peer-"))  # pytest's tmp_path is closed to other uids
+    top.chmod(0o755)
+    capture, sock_dir = top / "capture", top / "socket"
+    capture.mkdir()
+    sock_dir.mkdir()
+    sock_dir.chmod(0o777)
+    (capture / "delivered").touch()
+    path = sock_dir / "stdout.sock"
+    reader = subprocess.Popen([sys.executable, "-c", PEER_READER, str(capture), str(sock_dir), "10001"],
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        until(path.exists, 10, "the reader's socket")
+        for uid, first in ((10002, pod.HELLO + b"forged"), (10001, b"{no hello}")):  # another uid; no HELLO first
+            subprocess.run([sys.executable, "-c", AS_UID, str(path), str(uid), first.hex()], check=True, timeout=10)
+        with pod._connect(path, 10) as s:  # as root: not the harness uid
+            s.sendall(pod.HELLO + b"root")
+        subprocess.run([sys.executable, "-c", AS_UID, str(path), "10001", (pod.HELLO + b'{"type":"system"}').hex()],
+                       check=True, timeout=10)
+        until((capture / "record.json").exists, 20, "the reader's record")
+        record = json.loads((capture / "record.json").read_text())
+        assert (record["peer_uid"], record["refused_peers"]) == (10001, [10002, -1, 0])
+        assert (capture / "stream.jsonl").read_bytes() == b'{"type":"system"}'  # the HELLO is not the stream's
+    finally:
+        reader.kill()
+        reader.wait()
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def _deliver(capture: Path, workspace: Path, files: dict[str, bytes]) -> subprocess.CompletedProcess[bytes]:

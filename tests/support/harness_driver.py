@@ -70,7 +70,10 @@ def harness(python: str) -> dict[str, object]:
             while chunk := conn.recv(65536):
                 stream += chunk
         _, err = entry.communicate(timeout=120)
-        return {"exit": entry.returncode, "stderr": err, "stream": stream.decode(errors="replace")}
+        # the entry point's first byte is its HELLO (runner/entrypoints/pod.py: the reader's proof of who
+        # connected), then the CLI's stream
+        assert stream.startswith(b"\0") or not stream, stream[:40]
+        return {"exit": entry.returncode, "stderr": err, "stream": stream.removeprefix(b"\0").decode(errors="replace")}
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
