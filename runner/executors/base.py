@@ -159,7 +159,7 @@ class CaptureRecord(TypedDict):
     artifacts_not_collected: NotRequired[str]              # why artifacts is None
     artifacts_warnings: NotRequired[list[str]]             # kubernetes: what the pod's tar could not read
     confinement_checks: NotRequired[list[CheckSummary]]    # kubernetes: the canary checks over the session
-    pod: NotRequired[dict[str, Any]]                       # kubernetes: name, namespace, node
+    pod: NotRequired[dict[str, Any]]                       # kubernetes: name, namespace, node, owner, runtime_class
     reader: NotRequired[ReaderRecord]                      # kubernetes: the capture reader's record
     driver_produced: NotRequired[list[str]]                # added by the campaign: paths it may write unnamed
     gateway: NotRequired[dict[str, Any]]                   # the provider gateway's meter of the attempt's calls

@@ -264,7 +264,9 @@ class KubernetesExecutor:
             # empty where kube.canary_enabled is false (the transcript then says so).
             "confinement_checks": self.monitor.since(checks_before) if self.monitor is not None else [],
             "pod": {"name": name, "namespace": self.settings.kube.namespace, "node": pod.get("spec", {}).get("nodeName"),
-                    "owner": self.settings.kube.owner_job},
+                    "owner": self.settings.kube.owner_job,
+                    # the RuntimeClass it ran under, as its manifest named it (None: the node's default)
+                    "runtime_class": self.settings.kube.runtime_class},
             "harness": {"image": self.settings.kube.harness_image, "image_id": podstate.image_id(pod, "harness"),
                         "version": self.harness_version,
                         "argv": manifests.harness_args(plan, self.settings),

@@ -162,6 +162,15 @@ def harness_env(settings: Settings, task: str, route: Route) -> list[dict[str, A
     return env
 
 
+# gVisor's mount hints, which every other runtime ignores: the reader binds the socket the
+# harness's entry point connects to, in the other container, and in gVisor's sandbox a Unix
+# socket is found only through the mount it was bound in; as one mount of the pod's, shared by
+# both containers (a tmpfs inside the sandbox), the volume holds one socket both reach. gVisor's
+# containerd shim finds the volume under /var/lib/kubelet/pods (the kubelet's default root).
+GVISOR_SOCKET_SHARED = {f"dev.gvisor.spec.mount.socket.{field}": value
+                        for field, value in (("share", "pod"), ("type", "tmpfs"), ("options", "rw"))}
+
+
 def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str,
                 route: Route) -> dict[str, Any]:
     """The pod of one session attempt, reaching the provider by ``route``."""
@@ -266,6 +275,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
                 names.SESSION: session,
                 names.ATTEMPT: str(attempt),
                 **NOT_EVICTABLE,
+                **GVISOR_SOCKET_SHARED,
             },
         },
         "spec": spec,

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from teardown import sigterm_as_interrupt  # tests/teardown.py (tests/ is on the path: tests/conftest.py)
 
-from tests.support.builds import CONTROL_PLANE, Build, build_while_collecting, cache_root
+from tests.support.builds import CONTROL_PLANE, GVISOR, Build, build_while_collecting, cache_root
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -42,6 +42,7 @@ BUILDS = {  # the control plane, shared with tests/cluster; the node's binaries;
     "cluster": CONTROL_PLANE,
     "node": Build("the node's binaries", HERE / "build.sh", cache_root() / "last-node-build.log"),
     "images": Build("the images", HERE / "images.sh", cache_root() / "last-images-build.log"),
+    "gvisor": GVISOR,  # runsc and its containerd shim, shared with tests/integration's gVisor probe
 }
 PROVIDER_HOST = "api.provider.test"
 OTHER_HOST = "other.provider.test"
@@ -91,13 +92,15 @@ def image_archives() -> dict[str, dict[str, str]]:
 # Plain context managers (bench/realnode.py starts the same stack), and the fixtures over them.
 
 @contextlib.contextmanager
-def node_up(work: Path) -> Iterator[Any]:
-    """Control plane + node + cluster DNS, the built images imported."""
+def node_up(work: Path, mirror: Any = None) -> Iterator[Any]:
+    """Control plane + node + cluster DNS, the built images imported; runc the default runtime,
+    gVisor the RuntimeClass ``gvisor``; ``mirror``: realnode.start_node's (a registry of this
+    machine the node pulls from, bench/realnode.py's cold start)."""
     cp_bin, node_bin = built("cluster"), built("node")
     archives = [Path(e["archive"]) for e in image_archives().values()]
     realnode.reap_orphans()
-    with realnode.start_node(cp_bin, node_bin, work, archives,
-                             hosts={PROVIDER_HOST: "provider", OTHER_HOST: "other"}) as node:
+    with realnode.start_node(cp_bin, node_bin, work, archives, hosts={PROVIDER_HOST: "provider", OTHER_HOST: "other"},
+                             gvisor=built("gvisor"), mirror=mirror) as node:
         yield node
 
 
@@ -173,12 +176,16 @@ class Install:
 
 
 def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Path,
-                  concurrency: int = 2, gateway: bool = True) -> Install:
+                  concurrency: int = 2, gateway: bool = True, runtime: str | None = None,
+                  pull_policy: str = "Never") -> Install:
     """The chart installed with the real helm into a namespace enforcing the restricted Pod
     Security Standard: provider https://api.provider.test with the throwaway CA as its
     caBundle, the bucket on moto, images as imported (pullPolicy Never), the canary's foreign
     host and extra targets pointed at this node's other addresses; one gateway pod, or without
-    the gateway (``gateway`` false) one egress proxy pod."""
+    the gateway (``gateway`` false) one egress proxy pod. ``runtime`` "gvisor": session pods
+    (and their canaries) in gVisor's sandbox, the harness image's gVisor variant.
+    ``pull_policy``: the images' (Never: as imported; IfNotPresent pulls what the node lacks,
+    from the node's registry mirror where it has one)."""
     import secrets
 
     helm = _helm_module()
@@ -190,7 +197,7 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bucket", "namespace": ns}, "stringData": BUCKET_ENV},
     ])
     values = work / "values.json"
-    values.write_text(json.dumps(node_values(node, provider, bucket_endpoint, concurrency, gateway)))
+    values.write_text(json.dumps(node_values(node, provider, bucket_endpoint, concurrency, gateway, runtime, pull_policy)))
     try:
         helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
                   "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
@@ -208,11 +215,18 @@ def install_state(node: Any, ns: str) -> str:
     return "\n".join(seen)
 
 
+GVISOR_HARNESS = "ghcr.io/probe-runner/harness:0.1.0-gvisor"  # images.sh: images/harness/Dockerfile's harness-gvisor
+
+
 def node_values(node: Any, provider: Provider, bucket_endpoint: str, concurrency: int = 2,
-                gateway: bool = True) -> dict[str, Any]:
-    """The chart's values for this node: images as imported, the scripted provider, moto."""
+                gateway: bool = True, runtime: str | None = None, pull_policy: str = "Never") -> dict[str, Any]:
+    """The chart's values for this node: images as imported, the scripted provider, moto;
+    ``runtime`` "gvisor": the RuntimeClass of the node's gVisor (realnode.GVISOR_RUNTIME_CLASS)
+    and the harness image's variant for it."""
+    assert runtime in (None, "gvisor"), runtime
+    gvisor = runtime == "gvisor"
     return {
-        "images": {"pullPolicy": "Never"},
+        "images": {"pullPolicy": pull_policy, **({"harness": GVISOR_HARNESS} if gvisor else {})},
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
         "bucket": {"store": "s3://probes", "endpoint": bucket_endpoint, "region": "us-east-1",
                    "credentialsSecret": "bucket"},
@@ -221,7 +235,7 @@ def node_values(node: Any, provider: Provider, bucket_endpoint: str, concurrency
         "controller": {"concurrency": concurrency, "transformParallelMinBytes": 0,
                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                      "limits": {"cpu": "2", "memory": "1Gi", "ephemeral-storage": "1Gi"}}},
-        "session": {"timeoutSeconds": 300,
+        "session": {"timeoutSeconds": 300, **({"runtimeClassName": realnode.GVISOR_RUNTIME_CLASS} if gvisor else {}),
                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                                   "limits": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "1Gi"}},
                     "canary": {"enabled": True, "intervalSeconds": 300, "foreignHosts": [OTHER_HOST],
@@ -286,6 +300,13 @@ def bucket(real_node: Any) -> Iterator[tuple[str, Any]]:
 def install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
             ) -> Install:
     return install_chart(real_node, provider, bucket[0], tmp_path_factory.mktemp("values"))
+
+
+@pytest.fixture(scope="session")
+def gvisor_install(real_node: Any, provider: Provider, bucket: tuple[str, Any], tmp_path_factory: pytest.TempPathFactory
+                   ) -> Install:
+    """An install whose session pods run in gVisor's sandbox (issue 31, item 4)."""
+    return install_chart(real_node, provider, bucket[0], tmp_path_factory.mktemp("values"), runtime="gvisor")
 
 
 @pytest.fixture(scope="session")

@@ -33,7 +33,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -399,7 +399,8 @@ def _setup_network(node: RealNode) -> None:
          "-o", "eth0", "-j", "MASQUERADE")
 
 
-def _node_config(node: RealNode, pki: Pki, bins: dict[str, Path], gvisor: Path | None = None) -> Path:
+def _node_config(node: RealNode, pki: Pki, bins: dict[str, Path], gvisor: Path | None = None,
+                 mirror: Callable[[str], str] | None = None) -> Path:
     w = node.work
     (w / "cni" / "net.d").mkdir(parents=True)
     (w / "cni" / "net.d" / "10-prn.conflist").write_text(json.dumps({
@@ -444,7 +445,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 {_runsc_runtime(w, gvisor) if gvisor else ""}  [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{w / 'cni' / 'net.d'}"
-""")
+{mirror(node.host_ip) if mirror else ""}""")
     (w / "resolv.conf").write_text(f"nameserver {node.host_ip}\n")
     serving = pki.issue("kubelet-serving", NODE_NAME, server=True, dns=[NODE_NAME], ips=[node.node_ip])
     (w / "kubelet.yaml").write_text(json.dumps({
@@ -491,7 +492,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
          "env": env, "log": str(w / "logs" / "containerd.log"), "wait_for_path": str(sock)},
         {"name": "kubelet", "argv": [str(bins["kubelet"]), "--config", str(w / "kubelet.yaml"),
                                       "--kubeconfig", str(kubelet_kc), "--hostname-override", NODE_NAME,
-                                      "--node-ip", node.node_ip, "--root-dir", str(w / "kubelet"), "--v=1"],
+                                      "--node-ip", node.node_ip, "--root-dir", KUBELET_ROOT, "--v=1"],
          "env": env, "log": str(w / "logs" / "kubelet.log")},
         {"name": "kube-proxy", "argv": [str(bins["kube-proxy"]), "--config", str(w / "kube-proxy.yaml"), "--v=1"],
          "env": env, "log": str(w / "logs" / "kube-proxy.log")},
@@ -503,7 +504,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "--enable-ipv4=true", "--enable-ipv6=false", "--metrics-port=0", "--health-port=0", "--v=1"],
             "env": env, "log": str(w / "logs" / "kube-router.log"), "start_when": str(w / "node-registered")})
     config = w / "supervisor.json"
-    config.write_text(json.dumps({"state": str(w / "supervisor"), "daemons": daemons}, indent=1))
+    (w / "kubelet").mkdir(exist_ok=True)
+    config.write_text(json.dumps({"state": str(w / "supervisor"), "daemons": daemons,
+                                  "binds": [[str(w / "kubelet"), KUBELET_ROOT]]}, indent=1))
     return config
 
 
@@ -630,6 +633,9 @@ def _node_ready(node: RealNode) -> bool:
 
 
 GVISOR_RUNTIME_CLASS = "gvisor"
+# The kubelet's root in the node's mount namespace, bound to the node's work directory's kubelet/:
+# gVisor's shim looks for a pod's volumes under /var/lib/kubelet/pods alone (its mount hints).
+KUBELET_ROOT = "/var/lib/kubelet"
 
 
 def _runsc_runtime(w: Path, gvisor: Path) -> str:
@@ -649,6 +655,8 @@ log_path = "{w / 'logs' / 'runsc-shim-%ID%.log'}"
     (w / "logs" / "runsc").mkdir(parents=True, exist_ok=True)
     return f"""    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc]
       runtime_type = "io.containerd.runsc.v1"
+      # The pod's gVisor annotations (its mount hints) into the OCI specs the shim reads
+      pod_annotations = ["dev.gvisor.*"]
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "{w / 'runsc.toml'}"
@@ -657,13 +665,16 @@ log_path = "{w / 'logs' / 'runsc-shim-%ID%.log'}"
 
 @contextlib.contextmanager
 def start_node(cp_bin: Path, node_bin: Path, base: Path, images: Sequence[Path] = (),
-               hosts: dict[str, str] | None = None, gvisor: Path | None = None) -> Iterator[RealNode]:
+               hosts: dict[str, str] | None = None, gvisor: Path | None = None,
+               mirror: Callable[[str], str] | None = None) -> Iterator[RealNode]:
     """Start the control plane and the node; import ``images`` (OCI archives) into the
     node's containerd; start cluster DNS with ``hosts`` (name -> address; the names
     ``provider`` and ``other`` stand for the node's provider and other-host addresses); yield
     once the node is Ready and DNS answers. Everything is stopped on exit. With ``gvisor``
     (build-gvisor.sh's bin directory), containerd has a second runtime, ``runsc``, and the
-    RuntimeClass ``gvisor`` names it (GVISOR_RUNTIME_CLASS)."""
+    RuntimeClass ``gvisor`` names it (GVISOR_RUNTIME_CLASS). ``mirror``: the host-side
+    address -> containerd's registry configuration (registry.containerd_mirror), where the
+    node is to pull images from a registry of this machine."""
     if os.geteuid() != 0:
         raise RuntimeError("a real node needs root (network and mount namespaces, cgroups)")
     ident = f"prn-{secrets.token_hex(3)}"
@@ -683,7 +694,7 @@ def start_node(cp_bin: Path, node_bin: Path, base: Path, images: Sequence[Path] 
         pki = Pki(work / "pki")
         pki.kubeconfig("admin", f"https://{node.host_ip}:6443", "kubernetes-admin", ["system:masters"])
         _start_control_plane(node, pki, cp_bin)
-        config = _node_config(node, pki, bins, gvisor)
+        config = _node_config(node, pki, bins, gvisor, mirror)
         node.apply(router_rbac())
         for h in _cgroup_hierarchies():
             (h / ident).mkdir()

@@ -50,6 +50,11 @@ def main() -> int:
     # runc's state (/run/containerd) and the iptables lock are files on the host's /run
     # otherwise, left there whenever a daemon dies before it removes them.
     _mount("-t", "tmpfs", "-o", "mode=0755,size=64m", "tmpfs", "/run")
+    # Directories of the node's own at the paths daemons expect (the kubelet's root at
+    # /var/lib/kubelet: gVisor's shim finds a pod's volumes there and nowhere else).
+    for source, target in config.get("binds", []):
+        Path(target).mkdir(parents=True, exist_ok=True)  # on the host: an empty mount point
+        _mount("--bind", source, target)
     children: list[tuple[str, subprocess.Popen]] = []
     stopping = False
 

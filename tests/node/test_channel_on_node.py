@@ -6,7 +6,8 @@ tries one route into the stream: reopen fd 1 of every ancestor, write every desc
 /proc/*/fd, pidfd_getfd, ptrace with an injected write, process_vm_writev, /proc/PID/mem,
 and the same calls against the attacker itself. Not one forged byte may reach the stored
 stream, the session must still complete, and each route must be closed by what the pod
-actually enforces: the kernel's answers here are real, not a simulation's."""
+actually enforces: the kernel's answers here are real, not a simulation's. The same session
+runs under runc and in gVisor's sandbox (issue 31, item 4), whose kernel answers otherwise."""
 
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ def _cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedPro
                           timeout=timeout, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="module")
-def session(install, provider, bucket, tmp_path_factory):
+@pytest.fixture(scope="module", params=["runc", "gvisor"])
+def session(request, provider, bucket, tmp_path_factory):
+    """The channel session, in the node's default runtime (runc) and in gVisor's sandbox."""
+    install = request.getfixturevalue("install" if request.param == "runc" else "gvisor_install")
     tmp = tmp_path_factory.mktemp("channel")
     user = install.settings_env(tmp)
     campaign = f"channel-{secrets.token_hex(3)}"
@@ -54,7 +57,7 @@ def session(install, provider, bucket, tmp_path_factory):
                if (m := channel.REPORT_LINE.match(line))]
     capture = json.loads(s3.get_object(Bucket="probes", Key=keys.capture)["Body"].read())
     return {"status": status, "raw": raw, "lines": lines, "results": results, "reports": reports,
-            "capture": capture, "job_logs": job_logs}
+            "capture": capture, "job_logs": job_logs, "runtime": request.param}
 
 
 def outcomes(session, route: str, comm: str | None = None) -> list[str]:
@@ -73,22 +76,40 @@ def test_no_forged_byte_reaches_the_stream_and_the_session_completes(session):
 
 
 def test_no_process_of_the_pod_yields_a_writable_descriptor(session):
+    # Under runc the CLI and the entry point are not dumpable: /proc refuses every route. Under
+    # gVisor every process is dumpable (its loader cannot keep an execute-only one) and /proc/PID/fd
+    # is open to a process's descendants, so a descriptor of the CLI that is a pipe may be written
+    # (its standard input, read to its end before any tool ran; the pipes its tools answer on,
+    # which carry what the session itself writes): the stream is a socket, which /proc never
+    # reopens (ENXIO), and no process can be attached or have its memory opened
+    # (docs/security.md, "The stream under runc and under gVisor").
+    holes = "WROTE|ATTACHED|OPEN" if session["runtime"] == "runc" else "ATTACHED|OPEN"
     for route in ("reopen-fd1", "any-fd", "pidfd-getfd", "ptrace", "vm-write", "proc-mem"):
         for outcome in outcomes(session, route):
-            assert not re.search(r"WROTE|ATTACHED|OPEN", outcome), (route, outcome, session["reports"])
+            assert not re.search(holes, outcome), (route, outcome, session["reports"])
+    if session["runtime"] == "gvisor":
+        (cli,) = outcomes(session, "any-fd", "claude")
+        assert "1=ENXIO" in cli.split(", "), cli
 
 
 def test_the_harness_refuses_every_route(session):
     # The CLI (comm "claude") is the attacker's ancestor and holds the stream's socket.
-    expected = {"reopen-fd1": "EACCES", "proc-mem": "EACCES",  # not dumpable: /proc refuses
-                "pidfd-getfd": "EPERM", "ptrace": "EPERM", "vm-write": "EPERM"}  # seccomp (and the access check)
+    expected = {
+        "runc": {"reopen-fd1": "EACCES", "proc-mem": "EACCES",  # not dumpable: /proc refuses
+                 "pidfd-getfd": "EPERM", "ptrace": "EPERM", "vm-write": "EPERM"},  # seccomp (and the access check)
+        # gVisor: the stream is a socket (ENXIO); Yama's relational scope keeps an ancestor's
+        # memory from its descendants; gVisor has no pidfd_open (ENOSYS), seccomp refuses the rest
+        "gvisor": {"reopen-fd1": "ENXIO", "proc-mem": "EACCES",
+                   "pidfd-getfd": "pidfd_open ENOSYS", "ptrace": "EPERM", "vm-write": "EPERM"},
+    }[session["runtime"]]
     for route, errno_name in expected.items():
         assert outcomes(session, route, "claude") == [errno_name], (route, session["reports"])
 
 
 def test_seccomp_refuses_the_calls_where_no_access_check_would(session):
-    assert outcomes(session, "controls") == ["pidfd_getfd(self) EPERM", "process_vm_writev(self) EPERM",
-                                             "ptrace(TRACEME) EPERM", "Seccomp:\t2"]
+    pidfd = "pidfd_getfd(self) EPERM" if session["runtime"] == "runc" else "pidfd_getfd(self) pidfd_open ENOSYS"
+    assert outcomes(session, "controls") == [pidfd, "process_vm_writev(self) EPERM", "ptrace(TRACEME) EPERM",
+                                             "Seccomp:\t2"]
 
 
 def test_the_session_sees_only_its_own_container(session):

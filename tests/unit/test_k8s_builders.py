@@ -82,7 +82,10 @@ def test_session_pod_complete(plan):
             "annotations": {"probe-runner.io/campaign": "demo", "probe-runner.io/probe": "HW-PRB-0007",
                             "probe-runner.io/session": "present-001", "probe-runner.io/attempt": "1",
                             # a session cannot move: node consolidation must not evict it
-                            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true"},
+                            "cluster-autoscaler.kubernetes.io/safe-to-evict": "false", "karpenter.sh/do-not-disrupt": "true",
+                            # gVisor's mount hints: the socket volume one mount of the pod's
+                            "dev.gvisor.spec.mount.socket.share": "pod", "dev.gvisor.spec.mount.socket.type": "tmpfs",
+                            "dev.gvisor.spec.mount.socket.options": "rw"},
         },
         "spec": {
             "restartPolicy": "Never",
