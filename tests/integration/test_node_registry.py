@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 from support import cri
-from support.waiting import until
+from support.containerd import config_head
+from support.waiting import stopped, until
 
 from tests.node.registry import containerd_mirror, serve_registry, split_reference
 
@@ -59,20 +60,7 @@ def containerd(mirror: str) -> Iterator[Path]:
     most 107 bytes): its socket, once it answers."""
     work = Path(tempfile.mkdtemp(prefix="prn-ctrd-"))
     sock = work / "containerd.sock"
-    (work / "config.toml").write_text(f"""version = 2
-root = "{work / 'root'}"
-state = "{work / 'state'}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.aufs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-                    "io.containerd.internal.v1.tracing", "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
+    (work / "config.toml").write_text(config_head(work / "root", work / "state", sock) + f"""\
 [plugins."io.containerd.internal.v1.opt"]
   path = "{work / 'opt'}"
 [plugins."io.containerd.grpc.v1.cri"]
@@ -94,12 +82,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         until(up, 30, "containerd's socket", seen=seen)
         yield sock
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stopped(proc)
         shutil.rmtree(work, ignore_errors=True)
 
 

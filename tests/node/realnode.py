@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ports import free_port  # tests/ is on the path (tests/conftest.py, bench/realnode.py)
+from support.containerd import config_head
 from support.waiting import until
 
 HERE = Path(__file__).resolve().parent
@@ -413,20 +414,7 @@ def _node_config(node: RealNode, pki: Pki, bins: dict[str, Path], gvisor: Path |
         ],
     }, indent=1))
     sock = node.ctr_socket
-    (w / "containerd.toml").write_text(f"""version = 2
-root = "{w / 'containerd' / 'root'}"
-state = "{w / 'containerd' / 'state'}"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.aufs",
-                    "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-                    "io.containerd.internal.v1.tracing", "io.containerd.tracing.processor.v1.otlp"]
-[grpc]
-  address = "{sock}"
-[ttrpc]
-  address = "{sock}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
+    (w / "containerd.toml").write_text(config_head(w / "containerd" / "root", w / "containerd" / "state", sock) + f"""\
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "registry.k8s.io/pause:3.10"
   enable_selinux = false

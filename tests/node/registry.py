@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ports import free_port  # tests/ is on the path (tests/conftest.py)
-from support.waiting import until
+from support.waiting import stopped, until
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +153,7 @@ def serve_registry(host: str, work: Path) -> Iterator[Registry]:
         log.info("registry on http://%s, storage %s", url, work / "storage")
         yield served
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stopped(proc)
 
 
 def containerd_mirror(registry_url: str, registries: Sequence[str] = ("ghcr.io", "registry.k8s.io")) -> str:

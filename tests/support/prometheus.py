@@ -21,7 +21,7 @@ from typing import Any
 
 from ports import free_port  # tests/ is on the path (tests/conftest.py)
 
-from support.waiting import until
+from support.waiting import stopped, until
 
 PROMETHEUS = "/usr/bin/prometheus"
 
@@ -86,9 +86,4 @@ def prometheus(config: dict[str, Any], work: Path, host: str = "127.0.0.1", port
                   60, f"Prometheus scraping {targets} target(s)", interval=0.2, seen=lambda: served.targets())
         yield served
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stopped(proc, 30)
