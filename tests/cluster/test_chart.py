@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import secrets
@@ -35,6 +34,7 @@ from runner.k8s import jobs, names
 from runner.ledger import Ledger
 from runner.settings import Settings
 from runner.store import open_store
+from tests.support.helm import CHART, by_kind, helm, render, settings_of, values_of
 from tests.support.waiting import until
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,17 +44,6 @@ from terminal import on_a_terminal  # noqa: E402  (tests/ is on the path: tests/
 REPO = Path(__file__).resolve().parents[2]
 REAL_STREAM = REPO / "tests" / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 BUCKET_ENV = {"AWS_ACCESS_KEY_ID": "probe-runner-test", "AWS_SECRET_ACCESS_KEY": "probe-runner-test"}
-
-
-def _chart_module():
-    """render() and helm_binary() of tests/integration/test_chart.py (one helm locator)."""
-    spec = importlib.util.spec_from_file_location("chart_render", REPO / "tests" / "integration" / "test_chart.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-chart = _chart_module()
 
 
 class SessionNode(SimNode):
@@ -115,7 +104,7 @@ def install(kube_cluster, bucket):
     uid = secrets.token_hex(3)
     namespace, release = f"chart-{uid}", f"pr-{uid}"
     endpoint, _ = bucket
-    objs = chart.render(release=release, namespace=namespace, sets=(
+    objs = render(release=release, namespace=namespace, sets=(
         "provider.credentialsSecret=provider", "bucket.store=s3://probes", f"bucket.endpoint={endpoint}",
         "bucket.region=us-east-1", "bucket.credentialsSecret=bucket", "gateway.replicas=1",
         # KWOK runs no container, so no canary can measure anything here (tests/node/ does).
@@ -208,7 +197,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     assert job.spec.template.spec.service_account_name == f"{release}-controller"
     # Built from the install's settings: the chart's image and bucket Secret, not the workstation's.
     container = job.spec.template.spec.containers[0]
-    assert container.image == chart.values_of(None)["images"]["runner"]
+    assert container.image == values_of(None)["images"]["runner"]
     assert [e.secret_ref.name for e in container.env_from if e.secret_ref] == ["bucket"]
     # The Job controller makes the pods of both Jobs (below) under restricted Pod Security.
     transform = _cli(user, "transform", campaign, "--job")
@@ -235,7 +224,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
     # the whole RUNNER_* environment, the bucket Secret, the ServiceAccount's token.
     for k in [k for k in os.environ if k.startswith("RUNNER_")]:
         monkeypatch.delenv(k)
-    for k, v in {**chart.by_kind(objs, "ConfigMap")[jobs.settings_config_map(release)]["data"], **BUCKET_ENV,
+    for k, v in {**by_kind(objs, "ConfigMap")[jobs.settings_config_map(release)]["data"], **BUCKET_ENV,
                  "RUNNER_LOCAL__WORKDIR": str(tmp_path / "controller")}.items():
         monkeypatch.setenv(k, v)
     seen: set[tuple[str, str]] = set()
@@ -258,7 +247,7 @@ def test_a_campaign_runs_through_the_installed_chart_with_least_rbac(kube_cluste
         assert env["ANTHROPIC_API_KEY"].startswith("prt1.") and not [e for e in spec["containers"][1]["env"] if "valueFrom" in e]
 
     # Sufficient (the campaign ran) and least: every rule of the Role was used, nothing else was.
-    role = chart.by_kind(objs, "Role")[f"{release}-controller"]
+    role = by_kind(objs, "Role")[f"{release}-controller"]
     granted = {(res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]}
     assert seen == granted, sorted(seen)
     store = open_store("s3://probes", Settings(store="s3://probes",
@@ -458,7 +447,7 @@ def test_deleting_the_controller_job_deletes_its_session_pods(kube_cluster, inst
     namespace, release, objs = install
     admin = client.CoreV1Api(kube_cluster.api_client())
     campaign = f"owned-{secrets.token_hex(3)}"
-    settings = chart.settings_of(objs, release)
+    settings = settings_of(objs, release)
     job = client.BatchV1Api(kube_cluster.api_client()).create_namespaced_job(namespace, jobs.controller_job(settings, campaign))
     job_pods = until(lambda: admin.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job.metadata.name}").items,
                      60, "a pod the Job controller makes", interval=0.2)
@@ -501,9 +490,9 @@ def test_helm_uninstall_keeps_the_session_policy(kube_cluster):
     uid = secrets.token_hex(3)
     namespace, release = kube_cluster.create_namespace(f"uninstall-{uid}"), f"u-{uid}"
     kubeconfig = ("--kubeconfig", str(kube_cluster.kubeconfig), "-n", namespace)
-    install = ("install", release, str(chart.CHART), *kubeconfig, "--set", "bucket.store=s3://probes",
+    install = ("install", release, str(CHART), *kubeconfig, "--set", "bucket.store=s3://probes",
                "--set", "session.canary.enabled=false")
-    chart.helm(*install)
+    helm(*install)
     net = client.NetworkingV1Api(kube_cluster.api_client())
     policy = names.object_name(release, "session", "policy")
     assert policy in {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
@@ -517,13 +506,13 @@ def test_helm_uninstall_keeps_the_session_policy(kube_cluster):
     assert api_rules == endpoints and gateway.spec.policy_types == ["Ingress", "Egress"]
     cm = client.CoreV1Api(kube_cluster.api_client()).read_namespaced_config_map(f"{release}-settings", namespace)
     assert json.loads(cm.data["RUNNER_KUBE__API_SERVER"]) == endpoints
-    chart.helm("uninstall", release, *kubeconfig, "--wait", "--timeout", "60s")
+    helm("uninstall", release, *kubeconfig, "--wait", "--timeout", "60s")
     left = {p.metadata.name for p in net.list_namespaced_network_policy(namespace).items}
     assert left == {policy}  # the gateway's and the Jobs' policies went with the release
     sas = {s.metadata.name for s in client.CoreV1Api(kube_cluster.api_client()).list_namespaced_service_account(namespace).items}
     assert f"{release}-controller" not in sas and f"{release}-session" not in sas
-    chart.helm(*install)  # adopted, not refused as an object Helm does not own
-    chart.helm("uninstall", release, *kubeconfig)
+    helm(*install)  # adopted, not refused as an object Helm does not own
+    helm("uninstall", release, *kubeconfig)
     client.CoreV1Api(kube_cluster.api_client()).delete_namespace(namespace, propagation_policy="Background")
 
 
@@ -536,7 +525,7 @@ def test_the_controller_identity_may_create_only_session_pods(kube_cluster, inst
     from runner.k8s import manifests
 
     namespace, release, objs = install
-    settings = chart.settings_of(objs, release)
+    settings = settings_of(objs, release)
     plan = demo_plan(f"vap-{secrets.token_hex(3)}")
     good = manifests.session_pod(settings, plan, plan.probes[0].id, "present-001", 1, "task",
                                  manifests.Route("http://10.96.0.10:8080", token="prt1.x.y"))

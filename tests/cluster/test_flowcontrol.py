@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import datetime
 import http.client
-import importlib.util
 import ipaddress
 import json
 import secrets
@@ -44,23 +43,11 @@ from kubernetes import config as k8s_config
 from kubernetes.client import Configuration
 
 from tests.support.builds import CONTROL_PLANE
+from tests.support.helm import render
 from tests.support.waiting import until
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import KubeCluster, start_cluster  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _chart_module():
-    """render() of tests/integration/test_chart.py (one helm locator)."""
-    spec = importlib.util.spec_from_file_location("chart_render", REPO / "tests" / "integration" / "test_chart.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-chart = _chart_module()
 
 HOLD = 0.5  # seconds the webhook holds each pod creation, and with it the request's seat
 SEATS = {"max-requests-inflight": "45", "max-mutating-requests-inflight": "15"}  # 60 seats, not 600
@@ -323,7 +310,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             cluster.create_namespace(ns)
             cluster.kubectl("label", "namespace", ns, f"{HOLD_LABEL}=true")
         # The chart's identities, their RBAC and its flowcontrol objects: what these tests need of it.
-        objs = chart.render(release=release, namespace=namespace, extra=("--skip-tests",))
+        objs = render(release=release, namespace=namespace, extra=("--skip-tests",))
         kinds = ("ServiceAccount", "Role", "RoleBinding", "FlowSchema", "PriorityLevelConfiguration")
         cluster.apply([o for o in objs if o["kind"] in kinds])
         # The other clients may create pods in their namespace (which the webhook holds, as ours).

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.integration.test_chart import by_kind, render
+from tests.support.helm import by_kind, render
 from tests.support.waiting import until
 
 H = "sha256:" + "5e" * 32

@@ -11,7 +11,7 @@ import yaml
 
 from runner.k8s import jobs, manifests, names
 from runner.plan import parse_plan
-from tests.integration.test_chart import CHART, KUBE_SCHEMA_VERSION, REPO, by_kind, helm, render, settings_of
+from tests.support.helm import CHART, KUBE_SCHEMA_VERSION, REPO, by_kind, helm, label_selector_matches, render, settings_of
 
 H = "sha256:" + "a1" * 32
 R = "sha256:" + "b2" * 32
@@ -169,8 +169,6 @@ def test_the_prepull_daemonset_runs_both_images_on_the_nodes_session_pods_may_us
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": policy, "namespace": "probes", "labels": LABELS},
         "spec": {"podSelector": {"matchLabels": SELECTOR}, "policyTypes": ["Ingress", "Egress"]}}
-    from tests.integration.test_chart import label_selector_matches
-
     assert [n for n, p in by_kind(objs, "NetworkPolicy").items()
             if label_selector_matches(p["spec"]["podSelector"], LABELS)] == [policy]
 

@@ -37,6 +37,7 @@ from runner.k8s.policy import (
     session_network_policy,
 )
 from runner.settings import GatewaySettings, KubeSettings, ProviderSettings, Settings
+from tests.support.helm import CHART, render, values_of
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "netpol" / "build.sh"
 # A cold build of the engine (client-go among its dependencies) takes minutes on 2 cores; a
@@ -316,17 +317,6 @@ def test_the_engine_refuses_a_field_it_does_not_know(netpol_eval):
     assert 'unknown field "egres"' in proc.stderr
 
 
-def _chart() -> object:
-    """render() of tests/integration/test_chart.py: one helm locator (as tests/cluster does)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("chart_render", Path(__file__).parent / "test_chart.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("case", ["default", "monitoring"])
 def test_the_metrics_port_is_for_the_scrapers_alone_and_never_for_a_session(netpol_eval, case):
     """Issue 31: the controller and the gateway serve metrics that name the campaigns, on
@@ -334,11 +324,10 @@ def test_the_metrics_port_is_for_the_scrapers_alone_and_never_for_a_session(netp
     reaches the gateway's serving port and not its metrics port (its egress is the serving port
     alone), nor the controller's; the scrapers of metrics.allowFrom reach that port of both and
     no other port; no other pod reaches it."""
-    chart = _chart()
-    values = None if case == "default" else chart.CHART / "ci" / f"{case}-values.yaml"
-    v = chart.values_of(values)
+    values = None if case == "default" else CHART / "ci" / f"{case}-values.yaml"
+    v = values_of(values)
     metrics, serving = v["metrics"]["port"], v["gateway"]["port"]
-    objs = chart.render(values, release="team-a", namespace="probes")
+    objs = render(values, release="team-a", namespace="probes")
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
     short = {f"probes/{names.object_name('team-a', what, 'policy')}": what
              for what in ("session", "gateway", "jobs", "metrics")}

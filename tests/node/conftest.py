@@ -35,6 +35,8 @@ import pytest
 from teardown import sigterm_as_interrupt  # tests/teardown.py (tests/ is on the path: tests/conftest.py)
 
 from tests.support.builds import CONTROL_PLANE, GVISOR, Build, build_while_collecting, cache_root
+from tests.support.helm import helm
+from tests.support.helm import helm_binary as pinned_helm_binary
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -151,14 +153,6 @@ def serve_bucket(node: Any) -> Iterator[tuple[str, Any]]:
         server.stop()
 
 
-def _helm_module() -> Any:
-    """helm() of tests/integration/test_chart.py: one helm locator and environment."""
-    spec = importlib.util.spec_from_file_location("chart_helpers", REPO / "tests" / "integration" / "test_chart.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @dataclass
 class Install:
     namespace: str
@@ -188,7 +182,6 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
     from the node's registry mirror where it has one)."""
     import secrets
 
-    helm = _helm_module()
     uid = secrets.token_hex(3)
     ns, release = node.restricted_namespace(f"pr-{uid}"), f"pr-{uid}"
     node.apply([
@@ -199,7 +192,7 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
     values = work / "values.json"
     values.write_text(json.dumps(node_values(node, provider, bucket_endpoint, concurrency, gateway, runtime, pull_policy)))
     try:
-        helm.helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
+        helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
                   "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
     except AssertionError as e:  # say why a pod of the install is not ready: its state and its last log lines
         raise AssertionError(f"{e}\n{install_state(node, ns)}") from None
@@ -226,7 +219,8 @@ def node_values(node: Any, provider: Provider, bucket_endpoint: str, concurrency
     assert runtime in (None, "gvisor"), runtime
     gvisor = runtime == "gvisor"
     return {
-        "images": {"pullPolicy": pull_policy, **({"harness": GVISOR_HARNESS} if gvisor else {})},
+        # pre-pulled: the DaemonSet's pod on the node (it holds both images there, which are imported anyway)
+        "images": {"pullPolicy": pull_policy, "prePull": {"enabled": True}, **({"harness": GVISOR_HARNESS} if gvisor else {})},
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
         "bucket": {"store": "s3://probes", "endpoint": bucket_endpoint, "region": "us-east-1",
                    "credentialsSecret": "bucket"},
@@ -257,7 +251,7 @@ def node_values_for(real_node: Any, provider: Provider, bucket: tuple[str, Any])
 
 @pytest.fixture(scope="session")
 def helm_binary() -> str:
-    return str(_helm_module().helm_binary())
+    return pinned_helm_binary()
 
 
 @pytest.fixture(scope="session")

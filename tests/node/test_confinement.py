@@ -27,6 +27,7 @@ from runner.k8s import manifests, names
 from runner.k8s.api import Kube
 from runner.k8s.confinement import ConfinementMonitor
 from runner.settings import Settings
+from tests.support.helm import helm
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -436,20 +437,15 @@ def test_helm_test_checks_an_install_without_a_campaign(install, targets):
     """`helm test` runs the chart's confinement-test pod (the canary, judged by the controller's
     rule): it passes on this install, and fails, naming the route, once a foreign policy opens
     the session pods' egress."""
-    import importlib.util  # helm() of tests/integration/test_chart.py: one helm locator
-
-    spec = importlib.util.spec_from_file_location("chart_helpers", Path(__file__).parents[1] / "integration" / "test_chart.py")
-    helm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(helm)
     node = install.node
     run = ("test", install.release, "-n", install.namespace, "--kubeconfig", str(node.kubeconfig), "--logs",
            "--timeout", "100s")
-    passed = helm.helm(*run, check=False)
+    passed = helm(*run, check=False)
     assert passed.returncode == 0 and "confinement check: passed" in passed.stdout, passed.stdout + passed.stderr
     foreign = allow_all_egress("allow-all-egress-helm-test", install.namespace)
     node.apply(foreign)
     try:
-        failed = helm.helm(*run, check=False)
+        failed = helm(*run, check=False)
         said = failed.stdout + failed.stderr
         assert failed.returncode != 0 and "confinement check: a route opened" in said, said
     finally:
