@@ -182,6 +182,11 @@ def test_the_prepull_command_is_one_both_images_hold():
     (daemonset,) = by_kind(objs, "DaemonSet").values()
     assert [c["command"] for c in daemonset["spec"]["template"]["spec"]["containers"]] == [["sleep", "infinity"]] * 2
     for image in ("harness", "runner"):
-        final = parse(IMAGES / image / "Dockerfile")[-1]
-        assert "bookworm" in final.base, final.base
-        assert not any("coreutils" in r or ("rm " in r and "/bin" in r) for r in final.all("RUN")), image
+        stages = parse(IMAGES / image / "Dockerfile")
+        by_alias = {s.alias: s for s in stages}
+        chain = [stages[-1]]  # the final stage and the stages it is built on (the harness's: harness-base)
+        while chain[-1].base in by_alias:
+            chain.append(by_alias[chain[-1].base])
+        assert "bookworm" in chain[-1].base, [s.base for s in chain]
+        for stage in chain:
+            assert not any("coreutils" in r or ("rm " in r and "/bin" in r) for r in stage.all("RUN")), image
