@@ -171,7 +171,7 @@ class Install:
 
 def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Path,
                   concurrency: int = 2, gateway: bool = True, runtime: str | None = None,
-                  pull_policy: str = "Never") -> Install:
+                  pull_policy: str = "Never", prepull: bool = True) -> Install:
     """The chart installed with the real helm into a namespace enforcing the restricted Pod
     Security Standard: provider https://api.provider.test with the throwaway CA as its
     caBundle, the bucket on moto, images as imported (pullPolicy Never), the canary's foreign
@@ -179,7 +179,7 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
     the gateway (``gateway`` false) one egress proxy pod. ``runtime`` "gvisor": session pods
     (and their canaries) in gVisor's sandbox, the harness image's gVisor variant.
     ``pull_policy``: the images' (Never: as imported; IfNotPresent pulls what the node lacks,
-    from the node's registry mirror where it has one)."""
+    from the node's registry mirror where it has one); ``prepull``: images.prePull.enabled."""
     import secrets
 
     uid = secrets.token_hex(3)
@@ -190,7 +190,8 @@ def install_chart(node: Any, provider: Provider, bucket_endpoint: str, work: Pat
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bucket", "namespace": ns}, "stringData": BUCKET_ENV},
     ])
     values = work / "values.json"
-    values.write_text(json.dumps(node_values(node, provider, bucket_endpoint, concurrency, gateway, runtime, pull_policy)))
+    values.write_text(json.dumps(node_values(node, provider, bucket_endpoint, concurrency, gateway, runtime, pull_policy,
+                                             prepull)))
     try:
         helm("install", release, str(REPO / "helm" / "probe-runner"), "--namespace", ns, "-f", str(values),
                   "--kubeconfig", str(node.kubeconfig), "--wait", "--timeout", "100s")
@@ -212,7 +213,8 @@ GVISOR_HARNESS = "ghcr.io/probe-runner/harness:0.1.0-gvisor"  # images.sh: image
 
 
 def node_values(node: Any, provider: Provider, bucket_endpoint: str, concurrency: int = 2,
-                gateway: bool = True, runtime: str | None = None, pull_policy: str = "Never") -> dict[str, Any]:
+                gateway: bool = True, runtime: str | None = None, pull_policy: str = "Never",
+                prepull: bool = True) -> dict[str, Any]:
     """The chart's values for this node: images as imported, the scripted provider, moto;
     ``runtime`` "gvisor": the RuntimeClass of the node's gVisor (realnode.GVISOR_RUNTIME_CLASS)
     and the harness image's variant for it."""
@@ -220,7 +222,8 @@ def node_values(node: Any, provider: Provider, bucket_endpoint: str, concurrency
     gvisor = runtime == "gvisor"
     return {
         # pre-pulled: the DaemonSet's pod on the node (it holds both images there, which are imported anyway)
-        "images": {"pullPolicy": pull_policy, "prePull": {"enabled": True}, **({"harness": GVISOR_HARNESS} if gvisor else {})},
+        "images": {"pullPolicy": pull_policy, "prePull": {"enabled": prepull},
+                   **({"harness": GVISOR_HARNESS} if gvisor else {})},
         "provider": {"baseUrl": provider.base_url, "caBundle": provider.ca_pem, "credentialsSecret": "provider"},
         "bucket": {"store": "s3://probes", "endpoint": bucket_endpoint, "region": "us-east-1",
                    "credentialsSecret": "bucket"},

@@ -143,9 +143,12 @@ def _scraped(prom: Prometheus, campaign: str, before: dict[tuple[str, ...], floa
     assert calls[("forwarded",)] >= 4 and calls[("failed",)] == 0, (calls, refusals)
     assert set(refusals) == {("policy",)} and calls[("refused",)] == refusals[("policy",)], (calls, refusals)
     assert calls[("refused",)] % 2 == 0 and calls[("refused",)] >= 2, (calls, refusals)
-    # Every query of the chart's Grafana dashboard parses and returns series as the run ended.
-    empty = [(title, expr) for title, expr in dashboard_queries(campaign=campaign) if not prom.query(expr, ended - 1)]
-    assert empty == [], empty
+    # Every query of the chart's Grafana dashboard parses and returns series at the controller's
+    # last scrape (its Job ends with the run: its series are stale from the next scrape on).
+    (last,) = prom.query(f"max_over_time(timestamp(sum(probe_runner_sessions{ran}))[{window[1:-1]}:{SCRAPE}])")
+    at = float(last["value"][1])
+    empty = [(title, expr) for title, expr in dashboard_queries(campaign=campaign) if not prom.query(expr, at)]
+    assert empty == [], (at, ended, empty)
 
 
 def _campaign(install, provider, bucket, tmp_path) -> tuple[str, float]:
@@ -249,4 +252,16 @@ def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_pat
     assert lines["ok   route"] == "1 provider gateway pod(s) ready", done.stdout
     assert lines["ok   cluster confinement"].startswith(
         "a canary found every route closed but the provider gateway; the provider gateway's key check (a token count)"), done.stdout
+    # Issue 31, items 4 and 5: the runtime (runc, the node's default) and the images the real
+    # kubelet reports in the node's status.images
+    assert lines["ok   runtime"].startswith("session pods run under each node's default runtime"), done.stdout
+    assert lines["ok   images"] == ("all 1 session nodes report the harness image ghcr.io/probe-runner/harness:0.1.0 "
+                                    "and the runner image ghcr.io/probe-runner/runner:0.1.0"), done.stdout
     assert done.returncode == 0, done.stdout + done.stderr
+    # The pre-pull DaemonSet's pod (images.prePull.enabled): on the node, both images' containers
+    # running their `sleep infinity` under the restricted standard
+    (pod,) = json.loads(install.node.kubectl("-n", install.namespace, "get", "pods", "-l",
+                                             "app.kubernetes.io/component=prepull", "-o", "json").stdout)["items"]
+    states = {c["name"]: (c["image"], "running" in c["state"]) for c in pod["status"]["containerStatuses"]}
+    assert sorted(states.values()) == [("ghcr.io/probe-runner/harness:0.1.0", True),
+                                       ("ghcr.io/probe-runner/runner:0.1.0", True)], states
