@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -288,8 +289,8 @@ def restore_gvisor_harness(node) -> None:
     node.ctr("images", "import", stack.image_archives()[stack.GVISOR_HARNESS]["archive"])
 
 
-def measure(node, provider, endpoint: str, work: Path, config: str, sessions: int, concurrency: int
-            ) -> tuple[dict[str, list], dict]:
+def measure(node, provider, endpoint: str, work: Path, config: str, sessions: int, concurrency: int,
+            pulls: Callable[[], int]) -> tuple[dict[str, list], dict]:
     """One configuration (CONFIGS: the route to the provider and the runtime): the chart
     installed for it, ours then the bare pods: per side, (pod created -> CLI started, CLI
     exited -> outcome, pod created -> harness container running) per session; and our
@@ -310,7 +311,10 @@ def measure(node, provider, endpoint: str, work: Path, config: str, sessions: in
     podwatch.start()
     sampler.start()
     print(f"{config}: ours, {sessions} sessions, {concurrency} at once ...", flush=True)
+    pulled = pulls()
     journaled, phases = run_ours(install, work, f"bench-{os.urandom(3).hex()}", sessions)
+    if cold:  # what reached the registry: a cold start that pulled nothing is no cold start
+        print(f"{config}: the registry served {pulls() - pulled} harness blob request(s) to the node meanwhile", flush=True)
     template = podwatch.pods[next(iter(journaled))]["object"]
     longest = max(podwatch.pods[n]["terminated_seen"] - podwatch.pods[n]["added"] for n in journaled)
     if cold:
@@ -425,7 +429,10 @@ def main() -> int:
         with registry.serve_registry("0.0.0.0", work / "registry") as reg, \
                 stack.node_up(work / "node", mirror=mirror_of(reg)) as node, \
                 stack.serve_provider(node, work / "pki") as provider, stack.serve_bucket(node) as (endpoint, _):
-            measured = {c: measure(node, provider, endpoint, work / c, c, args.sessions, args.concurrency)
+            def pulls() -> int:  # the harness's blob requests in the registry's access log
+                return reg.log.read_text(errors="replace").count("/v2/probe-runner/harness/blobs/")
+
+            measured = {c: measure(node, provider, endpoint, work / c, c, args.sessions, args.concurrency, pulls)
                         for c in configs}
     for config, (rows, _) in measured.items():
         report(config, rows)
