@@ -22,6 +22,7 @@ from runner.phases import ORDER
 from runner.plan import parse_plan
 from runner.report.figures import campaign_figures
 from runner.store.file import FileStore
+from tests.support.campaigns import plan_data, write_corpus
 from tests.support.cli import local_settings, probe_runner
 
 LOCAL = ["queued", "budget_held", "slot_held", "harness_started", "first_reply", "harness_exited", "stream_collected",
@@ -47,18 +48,11 @@ class TimedProvider(ScriptedProvider):
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory, claude_command):
     root = tmp_path_factory.mktemp("phases")
-    corpus = root / "corpus"
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# HW-DR-0052\n\nStatus: current.\n")
     probes = [{"id": f"HW-PRB-000{i}", "path": f"docs/probes/HW-PRB-000{i}.md", "title": f"Probe {i}",
                "task": "TASK-READ: state the status.", "answers": ["current HW-DR-0052"], "examines": ["docs/a.md"]}
               for i in (1, 2)]
-    for p in probes:
-        (corpus / p["path"]).write_text(f"# {p['title']}\n\n## Task\n\n{p['task']}\n")
-    plan = {"campaign": "phases-1", "tier": "regression", "model": "claude-sonnet-4-5",
-            "identity": {k: "sha256:" + c * 64 for k, c in (("lock", "1"), ("tree", "2"), ("selection", "3"), ("read_set", "4"))}
-            | {"seed": 7, "harness": "headwater 0.9.1"},
-            "arms": ["present", "absent"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": probes}
+    corpus = write_corpus(root / "corpus", probes)
+    plan = plan_data("phases-1", probes)
     (root / "plan.json").write_text(json.dumps(plan))
     env = local_settings(root, claude_command[0])
     with TimedProvider(SCENARIOS) as provider:

@@ -18,6 +18,7 @@ import pytest
 from runner.plan import parse_plan
 from runner.report.figures import campaign_figures
 from runner.store.file import FileStore
+from tests.support.campaigns import plan_data, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = Path(os.environ.get("PROBE_RUNNER_TEST_OUTPUT", ROOT / "test-output")) / "report"
@@ -51,17 +52,10 @@ def campaign(tmp_path_factory, claude_command):
     from runner.demo.provider import ScriptedProvider
 
     root = tmp_path_factory.mktemp("report")
-    corpus = root / "corpus"
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# HW-DR-0052\n\nStatus: current.\n")
     probes = [_probe("HW-PRB-0001", "TASK-READ: state the status."), _probe("HW-PRB-0002", "TASK-OUTSIDE: look around."),
               _probe("HW-PRB-0003", "TASK-BROKEN: this one fails.")]
-    for p in probes:
-        (corpus / p["path"]).write_text(f"# {p['title']}\n\n## Task\n\n{p['task']}\n")
-    plan = {"campaign": "report-1", "tier": "regression", "model": "claude-sonnet-4-5",
-            "identity": {k: "sha256:" + c * 64 for k, c in (("lock", "1"), ("tree", "2"), ("selection", "3"), ("read_set", "4"))}
-            | {"seed": 7, "harness": "headwater 0.9.1"},
-            "arms": ["present", "absent"], "repetitions": 1, "identifier_pattern": "HW-[A-Z]+-[0-9]{4}", "probes": probes}
+    corpus = write_corpus(root / "corpus", probes)
+    plan = plan_data("report-1", probes)
     (root / "plan.json").write_text(json.dumps(plan))
     env = {**os.environ, "RUNNER_STORE": (root / "store").as_uri(), "RUNNER_LOCAL__WORKDIR": str(root / "work"),
            "RUNNER_HARNESS__COMMAND": claude_command[0], "RUNNER_PROVIDER__API_KEY": "k",

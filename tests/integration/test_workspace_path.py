@@ -26,6 +26,7 @@ from runner.settings import Settings
 from runner.store.file import FileStore
 from runner.transform.run import run_transform
 from runner.transform.transcript import parse as parse_transcript
+from tests.support.campaigns import write_corpus
 
 CAMPAIGN = "iwspath"
 PROBE = {"id": "HW-PRB-0201", "path": "docs/probes/HW-PRB-0201.md", "title": "Workspace path",
@@ -42,10 +43,7 @@ SCENARIOS = {"scenarios": [{"name": "where", "match": "TASK-WHERE", "turns": [
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory, claude_command):
     root = tmp_path_factory.mktemp("wspath")
-    corpus = root / "corpus"
-    (corpus / "docs/probes").mkdir(parents=True)
-    (corpus / "docs/a.md").write_text("# HW-DR-0052\n\nStatus: current.\n")
-    (corpus / PROBE["path"]).write_text(f"# {PROBE['title']}\n\n## Task\n\n{PROBE['task']}\n")
+    corpus = write_corpus(root / "corpus", [PROBE])
     plan = parse_plan({
         "campaign": CAMPAIGN, "tier": "regression", "model": "claude-sonnet-4-5",
         "identity": {k: "sha256:" + "6" * 64 for k in ("lock", "tree", "selection", "read_set")}
