@@ -83,12 +83,12 @@ class PodWatch(threading.Thread):
         self.core, self.namespace = core, namespace
         self.pods: dict[str, dict] = {}
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         try:
             w = watch.Watch()
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 for ev in w.stream(self.core.list_namespaced_pod, self.namespace, timeout_seconds=5,
                                    _request_timeout=10):
                     t = time.time()
@@ -101,13 +101,13 @@ class PodWatch(threading.Thread):
                         if cs.name == "harness" and cs.state and cs.state.terminated:
                             rec.setdefault("terminated_seen", t)
                             rec["exit_code"] = cs.state.terminated.exit_code
-                    if self._stop.is_set():
+                    if self._halt.is_set():
                         break
         except BaseException as e:  # reported by main(), never swallowed
             self.error = e
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 class CliSampler(threading.Thread):
@@ -120,7 +120,7 @@ class CliSampler(threading.Thread):
         self.cli: dict[str, dict] = {}      # pod uid -> {"start", "exit"}
         self.alive: dict[int, str] = {}     # pid -> pod uid
         self.error: BaseException | None = None
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def _start_time(self, pid: int) -> float:
         ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
@@ -128,7 +128,7 @@ class CliSampler(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self._stop.wait(SAMPLE_SECONDS):
+            while not self._halt.wait(SAMPLE_SECONDS):
                 now, seen = time.time(), set()
                 for group, _, _ in os.walk(self.top):  # pod cgroups come and go: os.walk skips the gone
                     uid = next((p[3:] for p in Path(group).parts if p.startswith("pod")), None)
@@ -156,7 +156,7 @@ class CliSampler(threading.Thread):
             self.error = e
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
 
 def run_ours(install, work: Path, campaign: str, sessions: int) -> tuple[dict[str, float], dict]:
