@@ -1,4 +1,6 @@
-"""The channel attacks of tests/integration/channel_attack.py in a real session pod: submitted
+"""The recorder contract: "The standard output of the harness process is such a channel, because
+the session holds no handle on the parent's pipe." The channel attacks of
+tests/integration/channel_attack.py in a real session pod: submitted
 with ``probe-runner submit`` into the installed chart, the real Claude Code CLI in the harness
 image on the real node (containerd, runc, the RuntimeDefault seccomp profile, the restricted
 Pod Security Standard), the reader in the other container. Each Bash call of the session
