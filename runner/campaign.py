@@ -253,7 +253,8 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
                 return named_write_paths(parsed_stream(), workspace) | shown_paths(produced, workspace)
 
             def started() -> None:
-                ledger.start(spec.key, attempt, money)
+                if not adopt:  # an adopted attempt's start is journaled already
+                    ledger.start(spec.key, attempt, money)
 
             try:
                 record = executor.run(plan, probe, sealed, scratch, store, keys, also, started, slot)

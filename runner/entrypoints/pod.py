@@ -72,6 +72,10 @@ TERMINATION_LOG = Path("/dev/termination-log")
 _STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 _CHUNK = 1 << 16
 _CONNECT_WAIT_SECONDS = 3600.0
+# How often the reader looks for the delivered workspace and the harness for the reader's
+# socket: each wait is on every session's way to its CLI (a stat or a refused connect costs
+# microseconds; at 0.1 s the two waits cost 0.1 s on average).
+_POLL_SECONDS = 0.02
 
 
 # The harness's first byte on the stream's socket, before anything of the CLI's: it carries the
@@ -164,7 +168,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def reader(capture_dir: Path, socket_dir: Path, harness_uid: int | None) -> None:
     while not (capture_dir / DELIVERED_NAME).exists():
-        time.sleep(0.1)
+        time.sleep(_POLL_SECONDS)
     path = socket_dir / SOCKET_NAME
     path.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -243,7 +247,7 @@ def _connect(path: Path, wait: float) -> socket.socket:
             s.close()
             if time.monotonic() > deadline:
                 raise SystemExit(f"probe harness: no capture socket at {path} after {wait:g} s") from None
-            time.sleep(0.1)
+            time.sleep(_POLL_SECONDS)
 
 
 def _loader_readable_because(executable: str) -> str | None:
@@ -435,22 +439,17 @@ def _open_to_group(root: Path) -> None:
 # Commands the controller runs by exec in the reader container. Shell and coreutils only, so a
 # transfer costs no interpreter start; paths come from the reader's environment.
 def deliver_argv() -> list[str]:
-    """Unpack the tar on stdin into the workspace, then let the reader open the socket. Once
-    delivered, never again: a retry whose first run's exit status was lost must not unpack
-    over a workspace the session may already be changing. The tar is then read to its end and
-    dropped (read by tar, which stops at the archive's end as the unpacking one does: an exec's
-    stdin has no end of file under the v4 channel protocol)."""
-    return ["sh", "-c", f'if [ -e "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}" ]; then exec tar -t -f - >/dev/null; fi; '
-                        f'tar -x -p -f - --no-same-owner -C "$PROBE_WORKSPACE" && touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
-
-
-def is_delivered_argv() -> list[str]:
-    return ["sh", "-c", f'test -e "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}"']
-
-
-def record_argv() -> list[str]:
-    """Print the reader's record, or nothing while the stream is still open."""
-    return ["sh", "-c", f'cat "$PROBE_CAPTURE_DIR/{RECORD_NAME}" 2>/dev/null || true']
+    """Unpack the tar on stdin into the workspace, then let the reader open the socket; print
+    ``delivered``, or ``already`` where an earlier exec delivered it (a pod a restarted
+    controller adopts, or a retry whose first run's exit status was lost): once delivered,
+    never again, since the session may already be changing the workspace. The tar is then
+    read to its end and dropped (read by tar, which stops at the archive's end as the
+    unpacking one does: an exec's stdin has no end of file under the v4 channel protocol).
+    One exec, where asking first cost a second (about 0.1 s before every CLI's start on the
+    real node, bench/realnode.py)."""
+    return ["sh", "-c", f'if [ -e "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}" ]; then tar -t -f - >/dev/null && echo already; '
+                        f'exit; fi; tar -x -p -f - --no-same-owner -C "$PROBE_WORKSPACE" && '
+                        f'touch "$PROBE_CAPTURE_DIR/{DELIVERED_NAME}" && echo delivered']
 
 
 def fetch_argv(offset: int, length: int, name: str = STREAM_NAME) -> list[str]:
@@ -460,17 +459,81 @@ def fetch_argv(offset: int, length: int, name: str = STREAM_NAME) -> list[str]:
             str(offset), str(length), name]
 
 
-def pack_argv(limit: int) -> list[str]:
-    """Pack the workspace (links stored as links, never followed) into a file of the capture
-    volume, at most ``limit`` + 1 bytes of it, for the controller to fetch in chunks as it
-    fetches the stream; print its size, its sha256 and tar's exit status. A file tar cannot
-    read is left out with a warning, not a failure (tar's messages are in pack.err)."""
-    return ["sh", "-c",
-            f'c="$PROBE_CAPTURE_DIR"; {{ tar -c -f - --ignore-failed-read -C "$PROBE_WORKSPACE" . 2>"$c/pack.err"; '
-            f'echo $? >"$c/pack.status"; }} | head -c $(($1 + 1)) >"$c/{PACKED_NAME}"; '
-            f'echo "$(wc -c <"$c/{PACKED_NAME}") $(sha256sum "$c/{PACKED_NAME}" | cut -d" " -f1) $(cat "$c/pack.status")"; '
-            'tail -c 2000 "$c/pack.err" >&2',
-            "pack", str(limit)]
+def finish_argv(offset: int, chunk: int, limit: int, wait_seconds: float) -> list[str]:
+    """The end of a session in one exec, where it took four (the record, the stream, the
+    packing, the packed files: about 0.25 s of the outcome's latency on the real node): wait
+    up to ``wait_seconds`` for the reader's record (it follows the stream's end, which may
+    trail the harness container's by milliseconds), then pack the workspace, then print,
+    framed for ``read_finish``: the record; the packing's size, sha256 and status; the stream
+    from ``offset`` (from 0 where the stream is shorter), at most ``chunk`` bytes; and the
+    first bytes of the packed workspace, up to ``chunk`` in all, none past ``limit``.
+    Without a record it prints ``0`` and packs nothing.
+
+    The packing: the workspace (links stored as links, never followed) into a file of the
+    capture volume, at most ``limit`` + 1 bytes of it, which the controller fetches on in
+    chunks past what fits here; a file tar cannot read is left out with a warning on stderr,
+    not a failure."""
+    ticks = max(0, round(wait_seconds / 0.05))
+    script = (f'c="$PROBE_CAPTURE_DIR"; o=$1; k=$2; lim=$3; i=0; '
+              f'while [ ! -e "$c/{RECORD_NAME}" ]; do [ $i -ge $4 ] && {{ echo 0; exit 0; }}; sleep 0.05; i=$((i + 1)); done; '
+              f'wc -c <"$c/{RECORD_NAME}"; cat "$c/{RECORD_NAME}"; '
+              f'{{ tar -c -f - --ignore-failed-read -C "$PROBE_WORKSPACE" . 2>"$c/pack.err"; echo $? >"$c/pack.status"; }} '
+              f'| head -c $((lim + 1)) >"$c/{PACKED_NAME}"; p=$(wc -c <"$c/{PACKED_NAME}"); '
+              f'echo "$p $(sha256sum "$c/{PACKED_NAME}" | cut -d" " -f1) $(cat "$c/pack.status")"; '
+              f's=$(wc -c <"$c/{STREAM_NAME}"); [ "$o" -gt "$s" ] && o=0; n=$((s - o)); [ $n -gt $k ] && n=$k; '
+              f'echo "$o $n"; tail -c +$((o + 1)) "$c/{STREAM_NAME}" | head -c $n; '
+              f'm=$((k - n)); [ $m -gt $p ] && m=$p; [ $p -gt $lim ] && m=0; '
+              f'echo $m; head -c $m "$c/{PACKED_NAME}"; tail -c 2000 "$c/pack.err" >&2')
+    return ["sh", "-c", script, "finish", str(offset), str(chunk), str(limit), str(ticks)]
+
+
+class Packed(NamedTuple):
+    """The workspace as finish_argv packed it, and its first ``head`` bytes."""
+
+    size: int
+    sha256: str  # hex
+    status: str  # tar's exit status
+    head: bytes
+
+
+class Finish(NamedTuple):
+    """What finish_argv printed: the reader's record, the stream's bytes from ``offset``, the packing."""
+
+    record: ReaderRecord
+    offset: int
+    stream: bytes
+    packed: Packed
+
+
+def read_finish(out: bytes) -> Finish | None:
+    """finish_argv's output; None where the reader had no record; ValueError where it is not
+    finish_argv's (cut short, or a reader of another version)."""
+    at = 0
+
+    def line() -> str:
+        nonlocal at
+        end = out.index(b"\n", at)
+        text, at = out[at:end].decode(), end + 1
+        return text
+
+    def take(n: int) -> bytes:
+        nonlocal at
+        if n < 0 or at + n > len(out):
+            raise ValueError(f"finish: {n} bytes announced, {len(out) - at} left")
+        data, at = out[at:at + n], at + n
+        return data
+
+    size = int(line())
+    if size == 0:
+        return None
+    record: ReaderRecord = json.loads(take(size))
+    size_text, sha, status = line().split()
+    offset, n = (int(v) for v in line().split())
+    stream = take(n)
+    head = take(int(line()))
+    if at != len(out):
+        raise ValueError(f"finish: {len(out) - at} bytes past the end")
+    return Finish(record, offset, stream, Packed(int(size_text), sha, status, head))
 
 
 def main(args: list[str]) -> int:

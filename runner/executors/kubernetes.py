@@ -37,13 +37,14 @@ from runner.entrypoints.pod import (
     STREAM_NAME,
     TIMEOUT_EXIT,
     UNCONFINED_EXIT,
+    Finish,
+    Packed,
     ReaderRecord,
     deliver_argv,
     fetch_argv,
+    finish_argv,
     harness_report,
-    is_delivered_argv,
-    pack_argv,
-    record_argv,
+    read_finish,
 )
 from runner.errors import NotStarted, SessionInterrupted, SessionRefused, UserError
 from runner.executors.base import (
@@ -88,6 +89,7 @@ ROUTE_PROSE = {
 }
 START_ATTEMPTS = 3
 _RECORD_WAIT_SECONDS = 60.0
+_FINISH_WAIT_SECONDS = 10.0  # how long one finishing exec waits in the pod for the reader's record
 
 
 def kubernetes_remedies(campaign: str, kube: KubeSettings) -> Remedies:
@@ -209,13 +211,13 @@ class KubernetesExecutor:
         assert self.cache is not None
         checks_before = self.monitor.count() if self.monitor is not None else 0
         self.waiting.bind(store, plan.campaign)
-        self._start_pod(name, manifest, f"{keys.probe}/{keys.session}", slot)
+        created = self._start_pod(name, manifest, f"{keys.probe}/{keys.session}", slot)
         del manifest  # about 30 KB as Python objects, no longer needed: held to the session's end, 15 MB at 500 at once
-        delivered = None
-        if self._exec(name, is_delivered_argv(), check=False).code != 0:
-            started()
-            self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid))
-            delivered = now()
+        started()  # journaled before the delivery, which lets the CLI start (a no-op for an adopted attempt)
+        answer = self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid)).stdout
+        # A pod this run created was delivered now, though a retried exec may answer "already";
+        # one it adopted, only if this exec did it (else an earlier run did: no stamp).
+        delivered = now() if created or answer.strip() == b"delivered" else None
         started_at = now()
         limit = self.settings.harness.timeout_seconds + self.settings.kube.start_timeout_seconds
         spool = scratch / "stream.spool"
@@ -236,11 +238,13 @@ class KubernetesExecutor:
                                  "memory and stream, so the session could have written into its stream (the harness image "
                                  "must make the loader execute-only, or the pod run under gVisor); the CLI did not run"
                                  + (f"; the entry point said: {said[-1][:500]}" if said else ""))
-        record = self._reader_record(name)
-        if record is None:
+        done = self._finish(name, fetched)
+        if done is None:
             reason = f"the capture reader recorded no end of the stream within {_RECORD_WAIT_SECONDS:g} s of the harness's end"
             raise SessionInterrupted(reason, {"reason": reason, **self._salvage(name, spool, store, keys)})
-        self._fetch(name, spool, fetched if fetched <= record["bytes"] else 0, record["bytes"])
+        finish, pack_messages = done
+        record = finish.record
+        self._fetch(name, spool, finish.offset, record["bytes"], head=finish.stream)
         stream = _upload_verified(spool, store, keys.stream, record)
         ended_at = now()
         phases: Phases = {**self.observed.take(name)}  # type: ignore[typeddict-item]  # POD_MILESTONES are Phases' keys
@@ -251,7 +255,7 @@ class KubernetesExecutor:
         if "first_reply_at" in record:
             phases["first_reply"] = record["first_reply_at"]
         phases["harness_exited"], phases["stream_collected"] = record["ended_at"], ended_at
-        artifacts = self._collect(name, scratch, sealed, store, keys, also_collect)
+        artifacts = self._collect(name, scratch, sealed, store, keys, also_collect, finish.packed, pack_messages)
         metered = self._meter(name) if self.token_secret is not None else None
         phases["artifacts_collected"] = now()
         exit_code = term.get("exitCode")
@@ -323,13 +327,14 @@ class KubernetesExecutor:
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def _start_pod(self, name: str, manifest: dict[str, Any], session: str, slot: Slot) -> None:
+    def _start_pod(self, name: str, manifest: dict[str, Any], session: str, slot: Slot) -> bool:
         """Create the pod and wait for its reader to run; what it waits for meanwhile (the
         scheduler's message, an image pull, a quota) is kept in ``waiting`` for ``status``.
         A pod that waits past kube.waiting_grace_seconds steps aside (``slot.aside()``) so
         another session can start, and takes a slot back once it runs, before anything can
         spend; one that gets none within its start timeout is deleted, and the session waits
-        for a slot without a pod before it creates another (its deadline counts from creation)."""
+        for a slot without a pod before it creates another (its deadline counts from creation).
+        True where this run created the pod, False where it found it (adopted)."""
         assert self.cache is not None
         k = self.settings.kube
         timeout = k.start_timeout_seconds
@@ -344,23 +349,23 @@ class KubernetesExecutor:
         attempts = 0
         while attempts < START_ATTEMPTS:
             attempts += 1
-            created = time.monotonic()
+            asked = time.monotonic()
             self.observed.track(name)  # before the create: the watch may tell of the pod before the request returns
-            self._create(manifest, session, timeout, slot)
+            made = self._create(manifest, session, timeout, slot)
             self.observed.stamp(name, "pod_created")
             self.cache.wait(name, lambda p: p is not None, timeout=60)
-            start = self.cache.wait(name, started, timeout=max(0.0, created + k.waiting_grace_seconds - time.monotonic()))
+            start = self.cache.wait(name, started, timeout=max(0.0, asked + k.waiting_grace_seconds - time.monotonic()))
             if start is None and slot.aside():
                 log.info("pod %s waits to start; its slot goes to another session meanwhile", name)
-            start = start or self.cache.wait(name, started, timeout=max(0.0, created + timeout - time.monotonic())) or Startup(
+            start = start or self.cache.wait(name, started, timeout=max(0.0, asked + timeout - time.monotonic())) or Startup(
                 "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
                 if not slot.held:
                     self.waiting.note(session, "running, waiting for a running session to end (concurrency)",
                                       "workspace_delivered")
-                if slot.back(created + timeout - time.monotonic()):
+                if slot.back(asked + timeout - time.monotonic()):
                     self.waiting.note(session, None)
-                    return
+                    return made
                 log.info("pod %s ran but no slot came free within its start timeout: deleted, a new one when a slot is free", name)
                 self._delete(name, grace=0)
                 self.cache.wait(name, lambda p: p is None, timeout=120)
@@ -377,8 +382,8 @@ class KubernetesExecutor:
         self.waiting.note(session, f"did not start: {why}")
         raise NotStarted(f"pod {name} did not start: {why}")
 
-    def _create(self, manifest: dict[str, Any], session: str, timeout: float, slot: Slot) -> None:
-        """Create the pod; a namespace quota that refuses it now may admit it once other
+    def _create(self, manifest: dict[str, Any], session: str, timeout: float, slot: Slot) -> bool:
+        """Create the pod (False: it exists already); a namespace quota that refuses it now may admit it once other
         sessions end, so that refusal is waited out (up to ``timeout``, aside after the
         grace), not a failure."""
         first = time.monotonic()
@@ -386,8 +391,7 @@ class KubernetesExecutor:
         while True:
             try:
                 with self._create_slots:
-                    self.kube.create_pod(manifest)
-                return
+                    return self.kube.create_pod(manifest)
             except QuotaExceeded as e:
                 if time.monotonic() > deadline:
                     why = f"the namespace's quota refused the pod for {timeout:g} s: {e}"
@@ -398,29 +402,40 @@ class KubernetesExecutor:
                 self.waiting.note(session, f"quota: {e}", "pod_created")
                 time.sleep(5)
 
-    def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None, check: bool = True) -> ExecResult:
+    def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None) -> ExecResult:
         k = self.settings.kube
         for attempt in self.kube.retry.retrying():  # the API's policy: an exec is an API call
             with attempt:
                 self.kube.tally.add("exec transfers", "exec", attempt.retry_state.attempt_number)
                 res = self.kube.exec(pod, "reader", argv, stdin=stdin, timeout=k.transfer_timeout_seconds)
-        if check and res.code != 0:
+        if res.code != 0:
             raise ExecError(f"exec in {pod}: {argv[-1] if argv else ''} exited {res.code}: {res.stderr.decode(errors='replace')[-300:]}")
         return res
 
-    def _reader_record(self, pod: str) -> ReaderRecord | None:
+    def _finish(self, pod: str, fetched: int) -> tuple[Finish, str] | None:
+        """The ended session's record, its stream from ``fetched`` (what the follow spooled)
+        and its packed workspace, by finish_argv (the packing's messages with them), each
+        exec waiting in the pod for the record; None where the reader wrote none within
+        _RECORD_WAIT_SECONDS."""
+        k = self.settings.kube
         deadline = time.monotonic() + _RECORD_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            out = self._exec(pod, record_argv()).stdout
-            if out.strip():
-                record: ReaderRecord = json.loads(out)
-                return record
-            time.sleep(0.2)
-        return None
+        wait = min(_FINISH_WAIT_SECONDS, k.transfer_timeout_seconds / 2)  # an exec's wait within its limit
+        while True:
+            res = self._exec(pod, finish_argv(fetched, k.transfer_chunk_bytes, k.collect_max_bytes, wait))
+            try:
+                done = read_finish(res.stdout)
+            except ValueError as e:
+                raise ExecError(f"exec in {pod}: finishing the session said {res.stdout[:200]!r}: {e}") from None
+            if done is not None:
+                return done, res.stderr.decode(errors="replace")
+            if time.monotonic() >= deadline:
+                return None
 
-    def _fetch(self, pod: str, spool: Path, offset: int, total: int | None, name: str = STREAM_NAME) -> int:
+    def _fetch(self, pod: str, spool: Path, offset: int, total: int | None, name: str = STREAM_NAME,
+               head: bytes = b"") -> int:
         """Append the capture volume's file ``name`` (the stream, or the packed workspace) from
-        ``offset`` to the spool; every chunk is its own short exec, so a broken transfer is
+        ``offset`` to the spool, starting with ``head`` where its first bytes came already
+        (finish_argv's); every chunk is its own short exec, so a broken transfer is
         repeated from where the spool ends. Returns the spool's size.
 
         With ``total`` None (the stream of a running session) it reads to the file's end as it
@@ -430,6 +445,8 @@ class KubernetesExecutor:
         chunk = self.settings.kube.transfer_chunk_bytes
         with open(spool, "ab") as f:
             f.truncate(offset)
+            f.write(head)
+            offset += len(head)
             while total is None or offset < total:
                 want = chunk if total is None else min(chunk, total - offset)
                 data = self._exec(pod, fetch_argv(offset, want, name)).stdout
@@ -480,29 +497,24 @@ class KubernetesExecutor:
         return {"stream": None, "partial_stream": kept}
 
     def _collect(self, pod: str, scratch: Path, sealed: SealedWorkspace, store: Store, keys: SessionKeys,
-                 also_collect: Callable[[SessionKeys, str], set[str]]) -> Collected:
-        """The files the session left: packed in the pod, fetched in verified chunks as the
-        stream is (memory bounded by one chunk), unpacked safely, stored. Past
-        kube.collect_max_bytes nothing is collected and the capture record says why."""
+                 also_collect: Callable[[SessionKeys, str], set[str]], packed: Packed, messages: str) -> Collected:
+        """The files the session left: packed in the pod (finish_argv), the rest past what came
+        with the packing fetched in verified chunks as the stream is (memory bounded by one
+        chunk), unpacked safely, stored. Past kube.collect_max_bytes nothing is collected and
+        the capture record says why."""
         limit = self.settings.kube.collect_max_bytes
-        res = self._exec(pod, pack_argv(limit))
-        try:
-            size_text, sha, status = res.stdout.decode().split()
-            size = int(size_text)
-        except ValueError:
-            raise ExecError(f"exec in {pod}: packing the workspace said {res.stdout[:200]!r}") from None
-        if size > limit:
+        if packed.size > limit:
             return Collected(None, f"the workspace packs to more than kube.collect_max_bytes ({limit} bytes); "
                                    "its files were not collected")
-        if status != "0":
-            raise ExecError(f"exec in {pod}: packing the workspace failed (tar {status}): "
-                            f"{res.stderr.decode(errors='replace')[-300:]}")
-        warnings = [line for line in res.stderr.decode(errors="replace").splitlines() if line.strip()]
+        if packed.status != "0":
+            raise ExecError(f"exec in {pod}: packing the workspace failed (tar {packed.status}): {messages[-300:]}")
+        warnings = [line for line in messages.splitlines() if line.strip()]
         spool = scratch / "workspace.tar"
         spool.unlink(missing_ok=True)
-        self._fetch(pod, spool, 0, size, PACKED_NAME)
-        if digest.of_file(spool) != "sha256:" + sha:
-            raise ExecError(f"exec in {pod}: the fetched workspace is not what the pod packed ({size} bytes sha256:{sha})")
+        self._fetch(pod, spool, 0, packed.size, PACKED_NAME, head=packed.head)
+        if digest.of_file(spool) != "sha256:" + packed.sha256:
+            raise ExecError(f"exec in {pod}: the fetched workspace is not what the pod packed "
+                            f"({packed.size} bytes sha256:{packed.sha256})")
         out = scratch / "collected"
         try:
             skipped = _extract_safely(spool, out, limit)

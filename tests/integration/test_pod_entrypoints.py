@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from runner.entrypoints import pod
 from tests.support.waiting import until
@@ -127,11 +132,13 @@ def test_a_second_delivery_of_the_workspace_changes_nothing(tmp_path):
     capture, workspace = tmp_path / "capture", tmp_path / "workspace"
     capture.mkdir()
     workspace.mkdir()
-    assert _deliver(capture, workspace, {"task.md": b"sealed\n"}).returncode == 0
+    first = _deliver(capture, workspace, {"task.md": b"sealed\n"})
+    assert (first.returncode, first.stdout) == (0, b"delivered\n")
     assert (capture / "delivered").exists() and (workspace / "task.md").read_bytes() == b"sealed\n"
     (workspace / "task.md").write_bytes(b"edited by the session\n")
     again = _deliver(capture, workspace, {"task.md": b"sealed\n", "new.md": b"x"})
-    assert again.returncode == 0, again.stderr  # the tar on stdin is read to its end, not refused
+    # the tar on stdin is read to its end, not refused; the controller stamps no delivery of it
+    assert (again.returncode, again.stdout) == (0, b"already\n"), again.stderr
     assert (workspace / "task.md").read_bytes() == b"edited by the session\n" and not (workspace / "new.md").exists()
 
 
@@ -166,7 +173,6 @@ def test_the_reader_can_pack_every_file_the_session_left_whatever_its_mode():
     session counted as failed and its files were lost. The harness entry point now opens what
     the session left to the group once no session process is left."""
     if os.geteuid() != 0:  # .ci/run runs as root; a run that cannot play two uids proves nothing here
-        import pytest
         pytest.fail("this test plays the harness's and the reader's uids with setpriv: run the tests as root "
                     "(as .ci/run does)", pytrace=False)
     import shutil
@@ -210,3 +216,91 @@ def test_the_harness_wrapper_refuses_credentials_it_cannot_place():
                          capture_output=True, text=True, timeout=30, check=False)
     assert out.returncode == 2
     assert "PROBE_CREDENTIALS_FILE without PROBE_CREDENTIALS_TARGET" in out.stderr
+
+
+# ---- the end of a session in one exec (runner/entrypoints/pod.py finish_argv) ---------------
+
+def _finish(capture: Path, workspace: Path, offset: int, chunk: int, limit: int, wait: float = 0.0) -> subprocess.CompletedProcess[bytes]:
+    env = {"PATH": os.environ["PATH"], "PROBE_CAPTURE_DIR": str(capture), "PROBE_WORKSPACE": str(workspace)}
+    return subprocess.run(pod.finish_argv(offset, chunk, limit, wait), env=env, capture_output=True, timeout=60, check=False)
+
+
+def _ended_session(tmp_path: Path, stream: bytes) -> tuple[Path, Path, dict]:
+    """A capture volume as the reader leaves it at the stream's end, and a workspace with two files."""
+    capture, workspace = tmp_path / "capture", tmp_path / "workspace"
+    capture.mkdir()
+    (workspace / "sub").mkdir(parents=True)
+    (workspace / "task.md").write_bytes(b"the task\n")
+    (workspace / "sub" / "out.txt").write_bytes(b"written by the session\n")
+    (capture / pod.STREAM_NAME).write_bytes(stream)
+    record = {"bytes": len(stream), "sha256": "sha256:" + hashlib.sha256(stream).hexdigest(), "eof": True}
+    (capture / pod.RECORD_NAME).write_text(json.dumps(record))
+    return capture, workspace, record
+
+
+def _members(tar_bytes: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_one_exec_ends_a_session_with_its_record_stream_and_packed_files(tmp_path):
+    """What took four execs at a session's end (the record, the stream, the packing, the
+    packed files) comes in one when it fits in a chunk: framed, verified by the controller
+    against the record's and the packing's sha256."""
+    stream = b'{"type":"system"}\n{"type":"result"}\n'
+    capture, workspace, record = _ended_session(tmp_path, stream)
+    done = _finish(capture, workspace, 0, 1 << 20, 1 << 30)
+    assert done.returncode == 0, done.stderr
+    got = pod.read_finish(done.stdout)
+    assert got is not None
+    assert (got.record, got.offset, got.stream) == (record, 0, stream)
+    packed = (capture / pod.PACKED_NAME).read_bytes()
+    assert got.packed == pod.Packed(len(packed), hashlib.sha256(packed).hexdigest(), "0", packed)  # all of it came
+    assert _members(got.packed.head) == {"./task.md": b"the task\n", "./sub/out.txt": b"written by the session\n"}
+
+
+def test_the_finishing_exec_sends_at_most_a_chunk_and_the_rest_is_fetched_by_offset(tmp_path):
+    stream = b"x" * 10_000
+    capture, workspace, _ = _ended_session(tmp_path, stream)
+    got = pod.read_finish(_finish(capture, workspace, 3000, 4096, 1 << 30).stdout)
+    assert got is not None
+    assert (got.offset, got.stream, got.packed.head) == (3000, stream[3000:7096], b"")  # the chunk is the stream's
+    assert got.packed.size == (capture / pod.PACKED_NAME).stat().st_size > 0
+    got = pod.read_finish(_finish(capture, workspace, 9000, 4096, 1 << 30).stdout)
+    assert got is not None and (got.offset, got.stream) == (9000, stream[9000:])
+    assert got.packed.head == (capture / pod.PACKED_NAME).read_bytes()[:4096 - 1000]  # the chunk's rest
+    # A spool longer than the stream (a follow of another attempt's stream): from the start.
+    got = pod.read_finish(_finish(capture, workspace, 20_000, 1 << 20, 1 << 30).stdout)
+    assert got is not None and (got.offset, got.stream) == (0, stream)
+
+
+def test_the_finishing_exec_sends_none_of_a_workspace_past_the_limit(tmp_path):
+    capture, workspace, _ = _ended_session(tmp_path, b"{}\n")
+    got = pod.read_finish(_finish(capture, workspace, 0, 1 << 20, 100).stdout)
+    assert got is not None and got.packed.size == 101 and got.packed.head == b""  # limit + 1: past it, not fetched
+
+
+def test_the_finishing_exec_waits_for_the_record_and_says_when_there_is_none(tmp_path):
+    """The reader writes its record at the stream's end, which may trail the harness
+    container's end by milliseconds: the exec waits for it in the pod, at most as told."""
+    capture, workspace, record = _ended_session(tmp_path, b"{}\n")
+    (capture / pod.RECORD_NAME).unlink()
+    t0 = time.monotonic()
+    none = _finish(capture, workspace, 0, 1 << 20, 1 << 30, wait=0.3)
+    assert (none.returncode, pod.read_finish(none.stdout)) == (0, None)
+    assert 0.3 <= time.monotonic() - t0 < 5 and not (capture / pod.PACKED_NAME).exists()  # nothing packed
+    env = {"PATH": os.environ["PATH"], "PROBE_CAPTURE_DIR": str(capture), "PROBE_WORKSPACE": str(workspace)}
+    waiting = subprocess.Popen(pod.finish_argv(0, 1 << 20, 1 << 30, 20), env=env, stdout=subprocess.PIPE)
+    time.sleep(0.3)
+    (capture / pod.RECORD_NAME).write_text(json.dumps(record))
+    out, _ = waiting.communicate(timeout=20)
+    got = pod.read_finish(out)
+    assert got is not None and got.record == record
+
+
+def test_a_finishing_exec_cut_short_is_refused_not_misread():
+    good = b'2\n{}0 ' + b"a" * 64 + b' 0\n0 3\nabc1\nX'
+    assert pod.read_finish(good) == pod.Finish({}, 0, b"abc", pod.Packed(0, "a" * 64, "0", b"X"))
+    for cut in (good[:-1], good[:9], good + b"more"):
+        with pytest.raises(ValueError):
+            pod.read_finish(cut)
