@@ -93,8 +93,13 @@ class Gate:
     def _fits(self) -> bool:
         return self.spent + self.reserved + self.reservation <= self.budget
 
-    def hold(self) -> None:
+    def hold(self, waiting: Callable[[str], None] = lambda why: None) -> None:
+        """Reserve a session's amount, told to ``waiting`` (why) first where it must wait."""
         with self._cond:
+            if not (self._fits() or self.out == 0):
+                waiting(f"the budget: ${self.budget - self.spent - self.reserved:.4f} of ${self.budget:.4f} "
+                        f"left, {self.out} session(s) of this run holding reservations that may settle for less; "
+                        f"a session reserves ${self.reservation:.4f}")
             self._cond.wait_for(lambda: self._fits() or self.out == 0)
             if not self._fits():
                 raise OverBudget(f"a session reserves ${self.reservation:.4f} (budget.session_usd + budget.call_usd) and "

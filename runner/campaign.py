@@ -20,7 +20,7 @@ from runner.budget import Gate, OverBudget, settled_cost
 from runner.clock import now
 from runner.corpus import corpus_fingerprint, store_identifiers, store_plan
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Executor, Halt, Phases, Remedies, Slot, Slots
+from runner.executors.base import Executor, Halt, Phases, Remedies, Slot, Slots, Waiting
 from runner.harnesses.contract import Signals
 from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
@@ -141,9 +141,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
         phases: Phases = {"queued": now()}
+        note = waits.of(spec.key)
         if gate is not None and not adopt:
             try:  # before a slot is taken: a session waiting for money holds none a stepped-aside one needs back
-                gate.hold()
+                gate.hold(lambda why: note(why, "budget_held"))
+                note(None, None)
             except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
                 report.over_budget.append(spec.key)
                 report.budget_why = str(e)
@@ -151,7 +153,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 return
             phases["budget_held"] = now()
         try:
-            with slots.take(force=adopt) as slot:  # a session whose harness already runs is followed at once
+            with slots.take(force=adopt, note=note) as slot:  # a session whose harness already runs is followed at once
                 one_in_slot(spec, attempt, adopt, slot, phases)
         finally:
             if gate is not None:
@@ -165,7 +167,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             return
         if backoff is not None and not adopt:
             try:
-                backoff.wait()
+                backoff.wait(lambda why: slot.note(why, "slot_held"))
+                slot.note(None)
             except Halted as e:  # nothing is journaled: the next run starts it
                 not_started(spec, attempt, str(e))
                 return
@@ -190,11 +193,13 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         for _, _, adopt in todo:
             if adopt:
                 gate.adopt()
+    waits = Waiting(store, plan.campaign)  # why sessions wait, for status: the campaign's and the executor's waits
     try:
         with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
             for f in [pool.submit(one, item) for item in todo]:
                 f.result()
     finally:
+        waits.stop()
         progress(RunEnded())
     if backoff is not None and backoff.halted is not None:
         report.halted = report.halted or backoff.halted

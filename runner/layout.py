@@ -40,7 +40,7 @@ def transcript_key(campaign: str, tier: str, arm: str) -> str:
 
 
 def waiting_key(campaign: str) -> str:
-    """Why sessions of a running campaign wait for their pod (the controller rewrites it)."""
+    """Why sessions of a running campaign wait to start (the run rewrites it: runner/executors/base.py Waiting)."""
     return f"{campaign_prefix(campaign)}/waiting.json"
 
 

@@ -71,7 +71,7 @@ class CampaignStatus:
     cost_usd: str                        # as the captured streams state it, a decimal string
     budget: BudgetStatus
     refusals: list[dict[str, Any]]       # refusals.json's, or the sessions refused so far
-    waiting: dict[str, WaitReason]       # session key -> why it waits for its pod, and in which phase
+    waiting: dict[str, WaitReason]       # session key -> why it waits to start (budget, slot, throttle pause, pod), and in which phase
     transcripts: Transcripts
     stopped: Stopped | None
     phases: PhaseSummary = field(default_factory=lambda: PhaseSummary({}, []))  # per phase over the captured sessions
@@ -179,8 +179,8 @@ def _transcripts(store: Store, plan: Plan, read: str) -> Transcripts:
 
 
 def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, WaitReason]:
-    """Why sessions not final yet wait for their pod, as the controller last recorded it
-    (layout.waiting_key; absent for the local executor)."""
+    """Why sessions not final yet wait to start (the budget, a slot, a throttle pause, their
+    pod), as the campaign's run last recorded it (layout.waiting_key)."""
     if (written := _read(store, layout.waiting_key(plan.campaign))) is None:
         return {}
     record: WaitingRecord = json.loads(written)

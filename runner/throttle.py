@@ -83,9 +83,10 @@ class Backoff:
             self.not_before = max(self.not_before, until)
             return self.not_before - now
 
-    def wait(self) -> float:
-        """Block until session starts are allowed again; return the seconds waited. Raises
-        Halted once a session showed that the provider refuses the key."""
+    def wait(self, waiting: Callable[[str], None] = lambda why: None) -> float:
+        """Block until session starts are allowed again, telling ``waiting`` why meanwhile;
+        return the seconds waited. Raises Halted once a session showed that the provider
+        refuses the key."""
         waited = 0.0
         while True:
             with self._lock:
@@ -94,5 +95,6 @@ class Backoff:
                     raise Halted(self.halted)
             if left <= 0:
                 return waited
+            waiting(f"a throttle pause: the provider throttled a session; new sessions start in {left:.0f} s")
             self.sleep(min(left, 5.0))
             waited += min(left, 5.0)

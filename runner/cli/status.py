@@ -179,15 +179,16 @@ def ending_note(st: CampaignStatus, lead: str = "") -> str:
 
 
 def waiting_note(waiting: dict[str, WaitReason]) -> str:
-    """How many sessions wait for their pod, and why the most of them wait (the scheduler's or
-    the kubelet's words: ``unschedulable: 0/1 nodes are available: 1 Insufficient cpu``)."""
+    """How many sessions wait to start, and why the most of them wait: the budget, the
+    campaign's concurrency, a throttle pause, or their pod (the scheduler's or the kubelet's
+    words: ``unschedulable: 0/1 nodes are available: 1 Insufficient cpu``)."""
     reasons = Counter(w["reason"] for w in waiting.values())
     reason, n = reasons.most_common(1)[0]
-    return f"{len(waiting)} waiting for a pod ({'' if n == len(waiting) else f'{n}: '}{reason})"
+    return f"{len(waiting)} waiting ({'' if n == len(waiting) else f'{n}: '}{reason})"
 
 
 def waiting_lines(waiting: dict[str, WaitReason]) -> list[str]:
-    """Sessions that wait for their pod, one line per phase and reason, most sessions first."""
+    """Sessions that wait to start, one line per phase and reason, most sessions first."""
     by_reason: dict[tuple[str, str], list[str]] = {}
     for session, w in waiting.items():
         by_reason.setdefault((w.get("phase", ""), w["reason"]), []).append(session)

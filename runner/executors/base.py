@@ -6,6 +6,8 @@ between sessions), close at the end; a stop's words come from remedies."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,10 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
+from runner import layout
+from runner.clock import now
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
 from runner.store import Store
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from runner.entrypoints.pod import ReaderRecord  # the types alone: the pod's entry points are not the run path's,
@@ -78,18 +84,24 @@ class Artifacts(TypedDict):
 
 
 class WaitReason(TypedDict):
-    """Why a session waits for its pod (the scheduler's or the kubelet's words), since when,
-    and the phase it waits in (runner/phases.py: the milestone it has yet to reach; absent in a
-    waiting.json an earlier version wrote)."""
+    """Why a session waits to start (the budget, the campaign's concurrency, a throttle pause,
+    or its pod, in the scheduler's or the kubelet's words), since when, and the phase it waits
+    in (runner/phases.py: the milestone it has yet to reach; absent in a waiting.json an
+    earlier version wrote)."""
 
     reason: str
     since: str
     phase: NotRequired[str]
 
 
+# Where one session says why it waits: (why, or None once it no longer waits; the milestone
+# it waits to reach, runner/phases.py).
+Note = Callable[[str | None, str | None], None]
+
+
 class WaitingRecord(TypedDict):
-    """``waiting.json`` (layout.waiting_key): why the sessions not started yet wait, as an
-    executor whose starts wait on a platform last wrote it (status reads it)."""
+    """``waiting.json`` (layout.waiting_key): why the sessions not started yet wait, as the
+    campaign's run last wrote it (Waiting; status reads it)."""
 
     at: str
     sessions: dict[str, WaitReason]
@@ -166,6 +178,66 @@ class CaptureRecord(TypedDict):
     phases: Phases                                         # where its time went: the executor's milestones, the campaign's added
 
 
+class Waiting:
+    """Why a campaign's sessions wait (for the budget, a slot, a throttle pause, their pod),
+    written to the store (layout.waiting_key) at most once a second by its own thread, so
+    ``status`` can say it: the campaign and the executor (the pod watch's callbacks among
+    them) only note it in memory. A store error is logged and retried at the next change,
+    never swallowed."""
+
+    def __init__(self, store: Store, campaign: str) -> None:
+        self._lock = threading.Lock()
+        self._why: dict[str, WaitReason] = {}
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._store, self._key = store, layout.waiting_key(campaign)
+        self._thread = threading.Thread(target=self._run, name="waiting", daemon=True)
+        self._thread.start()
+
+    def of(self, session: str) -> Note:
+        """``note`` for one session."""
+        def note(why: str | None, phase: str | None) -> None:
+            self.note(session, why, phase)
+        return note
+
+    def note(self, session: str, why: str | None, phase: str | None = None) -> None:
+        """``session`` waits because ``why`` (None: it no longer waits), in ``phase`` (the
+        milestone it has yet to reach; None for a start that ended)."""
+        with self._lock:
+            if why is None:
+                changed = self._why.pop(session, None) is not None
+            else:
+                changed = session not in self._why or self._why[session]["reason"] != why
+                if changed:
+                    self._why[session] = {"reason": why, "since": now()}
+                    if phase is not None:
+                        self._why[session]["phase"] = phase
+        if changed:
+            self._dirty.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._dirty.wait(timeout=1.0):
+                self._flush()
+                self._stop.wait(1.0)
+
+    def _flush(self) -> None:
+        self._dirty.clear()
+        with self._lock:
+            record: WaitingRecord = {"at": now(), "sessions": dict(sorted(self._why.items()))}
+            body = json.dumps(record, indent=1).encode()
+        try:
+            self._store.put(self._key, body)
+        except Exception as e:  # noqa: BLE001 - a status aid: logged, written again at the next change
+            log.warning("could not record why sessions wait (%s): %s", self._key, e)
+            self._dirty.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._flush()
+
+
 class Slots:
     """The campaign's ``concurrency``: at most ``running`` sessions hold a slot (their harness
     may spend); beside them, up to ``waiting`` sessions whose start is still waiting on the
@@ -181,13 +253,19 @@ class Slots:
         self._cond = threading.Condition()
 
     @contextmanager
-    def take(self, force: bool = False) -> Iterator[Slot]:
+    def take(self, force: bool = False, note: Note | None = None) -> Iterator[Slot]:
         """Hold a slot for one session attempt; ``force``: at once, past the limit (a session
-        whose harness already runs, adopted after a restart, must be followed now)."""
+        whose harness already runs, adopted after a restart, must be followed now). ``note``:
+        where the session says why it waits (``status`` shows it), here and through the slot."""
+        slot = Slot(self, note)
         with self._cond:
+            if not (free := force or (self.running < self.running_limit and not self.returning)):
+                slot.note(f"the campaign's concurrency: {self.running} of {self.running_limit} sessions running",
+                          "slot_held")
             self._cond.wait_for(lambda: force or (self.running < self.running_limit and not self.returning))
             self.running += 1
-        slot = Slot(self)
+        if not free:
+            slot.note(None)
         try:
             yield slot
         finally:
@@ -202,9 +280,16 @@ class Slots:
 class Slot:
     """One session's place in ``Slots``: held, or stepped aside while its start waits."""
 
-    def __init__(self, slots: Slots) -> None:
+    def __init__(self, slots: Slots, note: Note | None = None) -> None:
         self.slots = slots
         self.held = True
+        self._note = note
+
+    def note(self, why: str | None, phase: str | None = None) -> None:
+        """The session waits because ``why`` (None: it no longer waits), for the milestone
+        ``phase`` (runner/phases.py); ``status`` shows it (Waiting)."""
+        if self._note is not None:
+            self._note(why, phase)
 
     def aside(self) -> bool:
         """Give the slot up while this session waits to start, if the waiting room has space;

@@ -17,7 +17,6 @@ captured so far, and is never run again by itself.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import shutil
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from runner import digest, layout
+from runner import digest
 from runner.clock import now
 from runner.entrypoints.pod import (
     OPEN_NETWORK_EXIT,
@@ -56,8 +55,6 @@ from runner.executors.base import (
     Remedies,
     Slot,
     StreamRecord,
-    WaitingRecord,
-    WaitReason,
 )
 from runner.executors.capture import collect_workspace
 from runner.gateway import tokens
@@ -120,7 +117,6 @@ class KubernetesExecutor:
         self.waiting_room = k.waiting_pods
         self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
-        self.waiting = Waiting()
         self.observed = PodMilestones()
         self.confinement = CONFINEMENT_PROSE.format(route=ROUTE_PROSE[self.settings.gateway.enabled])
 
@@ -182,7 +178,6 @@ class KubernetesExecutor:
 
     def close(self) -> None:
         log.info("kubernetes: %s", self.kube.tally.summary() or "no requests")
-        self.waiting.stop()
         if self.monitor is not None:
             self.monitor.stop()
         if self.cache is not None:
@@ -210,8 +205,7 @@ class KubernetesExecutor:
              slot: Slot) -> CaptureRecord:
         assert self.cache is not None
         checks_before = self.monitor.count() if self.monitor is not None else 0
-        self.waiting.bind(store, plan.campaign)
-        created = self._start_pod(name, manifest, f"{keys.probe}/{keys.session}", slot)
+        created = self._start_pod(name, manifest, slot)
         del manifest  # about 30 KB as Python objects, no longer needed: held to the session's end, 15 MB at 500 at once
         started()  # journaled before the delivery, which lets the CLI start (a no-op for an adopted attempt)
         answer = self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid)).stdout
@@ -327,9 +321,9 @@ class KubernetesExecutor:
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def _start_pod(self, name: str, manifest: dict[str, Any], session: str, slot: Slot) -> bool:
+    def _start_pod(self, name: str, manifest: dict[str, Any], slot: Slot) -> bool:
         """Create the pod and wait for its reader to run; what it waits for meanwhile (the
-        scheduler's message, an image pull, a quota) is kept in ``waiting`` for ``status``.
+        scheduler's message, an image pull, a quota) is noted on ``slot`` for ``status``.
         A pod that waits past kube.waiting_grace_seconds steps aside (``slot.aside()``) so
         another session can start, and takes a slot back once it runs, before anything can
         spend; one that gets none within its start timeout is deleted, and the session waits
@@ -343,7 +337,7 @@ class KubernetesExecutor:
         def started(pod: Pod | None) -> Startup | None:
             start = _startup(pod)
             if start is None:
-                self.waiting.note(session, podstate.waiting(pod), podstate.waiting_phase(pod))
+                slot.note(podstate.waiting(pod), podstate.waiting_phase(pod))
             return start
 
         attempts = 0
@@ -351,7 +345,7 @@ class KubernetesExecutor:
             attempts += 1
             asked = time.monotonic()
             self.observed.track(name)  # before the create: the watch may tell of the pod before the request returns
-            made = self._create(manifest, session, timeout, slot)
+            made = self._create(manifest, timeout, slot)
             self.observed.stamp(name, "pod_created")
             self.cache.wait(name, lambda p: p is not None, timeout=60)
             start = self.cache.wait(name, started, timeout=max(0.0, asked + k.waiting_grace_seconds - time.monotonic()))
@@ -361,28 +355,28 @@ class KubernetesExecutor:
                 "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
                 if not slot.held:
-                    self.waiting.note(session, "running, waiting for a running session to end (concurrency)",
+                    slot.note("running, waiting for a running session to end (concurrency)",
                                       "workspace_delivered")
                 if slot.back(asked + timeout - time.monotonic()):
-                    self.waiting.note(session, None)
+                    slot.note(None)
                     return made
                 log.info("pod %s ran but no slot came free within its start timeout: deleted, a new one when a slot is free", name)
                 self._delete(name, grace=0)
                 self.cache.wait(name, lambda p: p is None, timeout=120)
-                self.waiting.note(session, "waiting for a slot", "pod_created")
+                slot.note("waiting for a slot", "pod_created")
                 slot.back(None)
                 attempts -= 1  # the pod did start: not a failed attempt
                 continue
             if start.kind == "gone":
-                self.waiting.note(session, f"did not start: {start.why}")
+                slot.note(f"did not start: {start.why}")
                 raise NotStarted(start.why)
             why = start.why
             self._delete(name, grace=0)
             self.cache.wait(name, lambda p: p is None, timeout=120)
-        self.waiting.note(session, f"did not start: {why}")
+        slot.note(f"did not start: {why}")
         raise NotStarted(f"pod {name} did not start: {why}")
 
-    def _create(self, manifest: dict[str, Any], session: str, timeout: float, slot: Slot) -> bool:
+    def _create(self, manifest: dict[str, Any], timeout: float, slot: Slot) -> bool:
         """Create the pod (False: it exists already); a namespace quota that refuses it now may admit it once other
         sessions end, so that refusal is waited out (up to ``timeout``, aside after the
         grace), not a failure."""
@@ -395,11 +389,11 @@ class KubernetesExecutor:
             except QuotaExceeded as e:
                 if time.monotonic() > deadline:
                     why = f"the namespace's quota refused the pod for {timeout:g} s: {e}"
-                    self.waiting.note(session, f"did not start: {why}")
+                    slot.note(f"did not start: {why}")
                     raise NotStarted(why) from None
                 if time.monotonic() > first + self.settings.kube.waiting_grace_seconds:
                     slot.aside()
-                self.waiting.note(session, f"quota: {e}", "pod_created")
+                slot.note(f"quota: {e}", "pod_created")
                 time.sleep(5)
 
     def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None) -> ExecResult:
@@ -530,67 +524,6 @@ class KubernetesExecutor:
     def _delete(self, name: str, grace: int | None = None) -> None:
         with self._delete_slots:
             self.kube.delete_pod(name, grace)
-
-
-class Waiting:
-    """Why sessions wait for their pod, written to the store (layout.waiting_key) at most once
-    a second by its own thread, so ``status`` can say it: the pod watch's callbacks only note
-    it in memory. A store error is logged and retried at the next change, never swallowed."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._why: dict[str, WaitReason] = {}
-        self._dirty = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._store: Store | None = None
-        self._key = ""
-
-    def bind(self, store: Store, campaign: str) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._store, self._key = store, layout.waiting_key(campaign)
-                self._thread = threading.Thread(target=self._run, name="waiting", daemon=True)
-                self._thread.start()
-
-    def note(self, session: str, why: str | None, phase: str | None = None) -> None:
-        """``session`` waits because ``why`` (None: it no longer waits), in ``phase`` (the
-        milestone it has yet to reach; None for a start that ended)."""
-        with self._lock:
-            if why is None:
-                changed = self._why.pop(session, None) is not None
-            else:
-                changed = session not in self._why or self._why[session]["reason"] != why
-                if changed:
-                    self._why[session] = {"reason": why, "since": now()}
-                    if phase is not None:
-                        self._why[session]["phase"] = phase
-        if changed:
-            self._dirty.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if self._dirty.wait(timeout=1.0):
-                self._flush()
-                self._stop.wait(1.0)
-
-    def _flush(self) -> None:
-        self._dirty.clear()
-        with self._lock:
-            record: WaitingRecord = {"at": now(), "sessions": dict(sorted(self._why.items()))}
-            body = json.dumps(record, indent=1).encode()
-        try:
-            assert self._store is not None
-            self._store.put(self._key, body)
-        except Exception as e:  # noqa: BLE001 - a status aid: logged, written again at the next change
-            log.warning("could not record why sessions wait (%s): %s", self._key, e)
-            self._dirty.set()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=10)
-            self._flush()
 
 
 class PodMilestones:

@@ -132,3 +132,70 @@ def test_every_remedy_is_worded_for_the_executor_the_campaign_runs_on():
     assert budget.stopped() == ("budget: 1 session(s) not started, e.g. P/s-002: $1.25 does not fit. Nothing of them is "
                                 "journaled; raise the budget (--budget-usd) and `probe-runner run` it again to start "
                                 "them", "budget")
+
+
+class HeldExecutor(AsideExecutor):
+    """Every session's harness 'runs' until the test releases it."""
+
+    waiting_room = 1  # a worker beyond the concurrency: a second session is taken up and waits for a slot
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.runs = 0
+
+    def run(self, plan, probe, sealed, scratch, store, keys, also_collect, started, slot):
+        with self.lock:
+            self.runs += 1
+        assert self.release.wait(30), "never released"
+        self.first = keys.session  # no stepping aside here
+        return super().run(plan, probe, sealed, scratch, store, keys, also_collect, started, slot)
+
+
+def _waiting_while_held(tmp_path, concurrency: int, budget: BudgetSettings | None) -> tuple[dict, dict, list[str]]:
+    """Run two sessions with ``executor`` holding the first; what status says waits meanwhile,
+    and what waiting.json holds once the run is over."""
+    from runner import layout
+    from runner.status import campaign_status
+    from tests.support.waiting import until
+
+    data = json.loads(demo.PLAN.read_text())
+    data.update(probes=data["probes"][:1], arms=["present"], repetitions=2)
+    plan = parse_plan(data, "plan")
+    store = FileStore(tmp_path / "store")
+    executor = HeldExecutor()
+    t = threading.Thread(target=run_sessions, args=(plan, demo.CORPUS, store, executor, tmp_path / "work", concurrency, []),
+                         kwargs={"budget": budget}, daemon=True)
+    t.start()
+    try:
+        until(lambda: executor.runs == 1 and campaign_status(store, plan, {}).waiting, timeout=30,
+              what="the second session listed as waiting")
+        waiting = campaign_status(store, plan, {}).waiting
+        assert executor.runs == 1  # it waits: it has not reached the executor
+    finally:
+        executor.release.set()
+        t.join(60)
+    assert not t.is_alive()
+    after = json.loads(store.get(layout.waiting_key(plan.campaign)))["sessions"]
+    return waiting, after, [s.key for s in plan.sessions()]
+
+
+def test_a_session_waiting_for_a_slot_says_so_in_status(tmp_path):
+    """Issue 31, item 2: "a session waiting says in which phase and why": a session waiting for
+    a slot was listed nowhere (only pod waits were recorded)."""
+    waiting, after, keys = _waiting_while_held(tmp_path, 1, None)
+    (key, why), = waiting.items()
+    assert key in keys and why == {"reason": "the campaign's concurrency: 1 of 1 sessions running", "phase": "slot_held",
+                                   "since": why["since"]}
+    assert after == {}  # it ran: no longer waiting
+
+
+def test_a_session_waiting_for_the_budget_says_so_in_status(tmp_path):
+    budget = BudgetSettings(campaign_usd=Decimal("10"), session_usd=Decimal("5"), call_usd=Decimal("2"))  # $7 each
+    waiting, after, keys = _waiting_while_held(tmp_path, 2, budget)
+    (key, why), = waiting.items()
+    assert key in keys and why == {
+        "reason": "the budget: $3.0000 of $10.0000 left, 1 session(s) of this run holding reservations that may settle "
+                  "for less; a session reserves $7.0000",
+        "phase": "budget_held", "since": why["since"]}
+    assert after == {}

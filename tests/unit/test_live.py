@@ -83,10 +83,10 @@ def test_a_session_waiting_for_its_pod_says_why():
     cpu = "unschedulable: 0/1 nodes are available: 1 Insufficient cpu."
     waiting = {"P-1/present-002": {"reason": cpu, "since": "2026-12-05T10:00:00Z"},
                "P-1/present-003": {"reason": cpu, "since": "2026-12-05T10:00:01Z"}}
-    assert waiting_note(waiting) == f"2 waiting for a pod ({cpu})"
+    assert waiting_note(waiting) == f"2 waiting ({cpu})"
     waiting["P-1/absent-001"] = {"reason": "harness: ErrImagePull: not found", "since": "2026-12-05T10:00:02Z"}
-    assert waiting_note(waiting) == f"3 waiting for a pod (2: {cpu})"
+    assert waiting_note(waiting) == f"3 waiting (2: {cpu})"
     st = CampaignStatus(campaign="c", total=4, final=1, sessions={"started": 0}, arms={}, running={}, cost_usd="0.0144",
                         budget=BudgetStatus(None, "0", "0", None), refusals=[], waiting=waiting,
                         transcripts=Transcripts(False, None), stopped=None)
-    assert f", 3 waiting for a pod (2: {cpu}), cost $0.0144" in status_line(st)
+    assert f", 3 waiting (2: {cpu}), cost $0.0144" in status_line(st)

@@ -96,3 +96,16 @@ def test_a_refused_key_halts_every_later_start_even_after_a_clean_session():
         with pytest.raises(Halted, match="the provider refused the key with HTTP 401 in an earlier session"):
             gate.wait()
 
+
+
+def test_a_throttle_pause_says_why_sessions_wait():
+    """Issue 31, item 2: a session held back by a throttle pause is listed as waiting, with when it may start."""
+    c = Clock()
+    b = Backoff(base=10, ceiling=35, clock=c, sleep=c.sleep)
+    told: list[str] = []
+    b.record(Signals(retries=1))
+    assert b.wait(told.append) == 10
+    said = "a throttle pause: the provider throttled a session; new sessions start in"
+    assert told == [f"{said} 10 s", f"{said} 5 s"]  # told again at each of its sleeps (at most 5 s)
+    told.clear()
+    assert b.wait(told.append) == 0 and told == []  # open: nothing to say
