@@ -309,11 +309,13 @@ class KubernetesExecutor:
         gateway has settled it (given back what it held beyond the spend of the ended
         harness); past SETTLE_SECONDS one that has not counts at what it holds."""
         deadline = time.monotonic() + SETTLE_SECONDS
+        pause = 0.05  # doubling to 0.5 s: a gateway settles within a moment of the harness's end, as its watch shows it
         while True:
             meters = meters_of(self.kube.lease_annotations(pod) or {})
             if settled(meters) or time.monotonic() > deadline:
                 return total(meters)
-            time.sleep(0.5)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
     def finish(self, keys: SessionKeys) -> None:
         """The outcome is journaled: the pod may go (and with it the attempt's token and Lease)."""

@@ -41,7 +41,7 @@ from runner.gateway.server import USAGE_FIELDS, Attempt, Gateway, GatewayThread,
 from runner.gateway.tokens import Claims
 from runner.k8s import manifests, names, podstate
 from runner.k8s.api import Conflict, Kube
-from runner.k8s.podcache import PodCache
+from runner.k8s.podcache import Pod, PodCache
 from runner.metrics import Metrics, serving
 from runner.settings import Settings
 
@@ -135,9 +135,14 @@ class SessionPods:
         self.cache, self.instance = cache, instance
 
     @classmethod
-    def watching(cls, kube: Kube, instance: str) -> SessionPods:
-        """Every campaign's session pods of the install (the watch is started by the caller)."""
-        return cls(PodCache(kube, names.selector_string(names.selector(instance, names.SESSION_COMPONENT))), instance)
+    def watching(cls, kube: Kube, instance: str, ended: Callable[[], None] = lambda: None) -> SessionPods:
+        """Every campaign's session pods of the install (the watch is started by the caller);
+        ``ended`` is called (from the watch's thread) as a change shows a harness terminated."""
+        def observe(_: str, pod: Pod) -> None:
+            if podstate.terminated(pod, "harness") is not None:
+                ended()
+        return cls(PodCache(kube, names.selector_string(names.selector(instance, names.SESSION_COMPONENT)), observe),
+                   instance)
 
     def pod(self, claims: Claims) -> dict[str, Any] | None:
         """The attempt's session pod, or a confinement check's canary pod (its claims name the
@@ -360,7 +365,10 @@ def _serve(s: Settings, me: str, metrics: Metrics) -> None:
     k = s.kube
     assert s.provider.api_key is not None and s.gateway.token_secret is not None, "serve() checked them"
     kube = Kube(k, metrics=metrics.api)
-    pods = SessionPods.watching(kube, k.instance)
+    # The loop below gives back what ended attempts hold: at once when the watch shows a harness
+    # ended (the controller waits for that to journal the outcome), else every CLOSE_SECONDS.
+    wake = threading.Event()
+    pods = SessionPods.watching(kube, k.instance, wake.set)
     pods.cache.start()
     meters = LeaseMeters(kube, k.instance, pods, me)
     ca_file = f"{manifests.PROVIDER_CA_DIR}/ca.crt" if k.provider_ca_configmap else None
@@ -371,8 +379,11 @@ def _serve(s: Settings, me: str, metrics: Metrics) -> None:
                       shared=meters, ca_file=ca_file, policy=s.gateway, metrics=metrics.gateway)
     meters.state_of = gateway.state_of
     stop = threading.Event()
+    def stopping(*_: object) -> None:
+        stop.set()
+        wake.set()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, stopping)
     meters.start()
     try:
         with GatewayThread(gateway, host=None, port=s.gateway.port, shutdown_seconds=s.gateway.drain_seconds):
@@ -387,8 +398,11 @@ def _serve(s: Settings, me: str, metrics: Metrics) -> None:
                     meters.forget(gateway.forget(pods.gone))
                     pruned = time.monotonic()
 
-            while not stop.wait(CLOSE_SECONDS):
-                tend()
+            while not stop.is_set():
+                wake.wait(CLOSE_SECONDS)
+                wake.clear()
+                if not stop.is_set():
+                    tend()
             gateway.stopping = True
             # The pod's deletion and the signal arrive together, but the Service's endpoints and
             # each node's proxy forget the pod a moment later: a listener closed now refuses the
