@@ -147,6 +147,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                 gate.hold(lambda why: note(why, "budget_held"))
                 note(None, None)
             except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
+                note(None, None)  # it waits no more: the run's end says why it did not start
                 report.over_budget.append(spec.key)
                 report.budget_why = str(e)
                 not_started(spec, attempt, "over budget")
@@ -168,10 +169,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         if backoff is not None and not adopt:
             try:
                 backoff.wait(lambda why: slot.note(why, "slot_held"))
-                slot.note(None)
             except Halted as e:  # nothing is journaled: the next run starts it
+                slot.note(None)
                 not_started(spec, attempt, str(e))
                 return
+            slot.note(None)
         signals = Signals()
         phases["slot_held"] = now()
         progress(SessionStarted(spec.arm, spec.key))

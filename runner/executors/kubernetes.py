@@ -4,9 +4,12 @@ driven from a watch cache; it talks to the cluster only through runner/k8s/.
 For each session: create the pod (its name is deterministic, so a second create after a
 restart is a 409 and the live pod is adopted), wait on the cache until the reader runs,
 journal the start, deliver the sealed workspace by exec, wait until the harness container has
-terminated, then bring the stream out in short exec transfers that resume by offset and are
-verified against the reader's own byte count and sha256, and bring back the workspace as a
-tar. The pod is deleted only after the campaign has journaled the outcome (``finish``).
+terminated (following the stream meanwhile, for salvage), then bring out the reader's record,
+the stream and the workspace packed as a tar in one exec (more only past a chunk: transfers
+resume by offset), each verified against the reader's own byte count and sha256 or the
+packing's. The pod is deleted only after the campaign has journaled the outcome (``finish``).
+So a session costs the API server a create, two execs, a follow per
+kube.stream_poll_seconds, the meter's Lease read (through the gateway) and a delete.
 
 A pod that never started (unschedulable past the start timeout, an image that does not pull)
 is deleted and created again: nothing was spent. A pod lost after the start (deleted,
