@@ -58,9 +58,9 @@ from simnode import Replay, SimNode, as_in_pod  # noqa: E402
 from test_kubernetes_executor import install_objects  # noqa: E402
 
 from runner import demo  # noqa: E402
+from runner.clock import timestamp  # noqa: E402
 from runner.k8s import manifests  # noqa: E402
 from runner.k8s.api import USER_AGENT  # noqa: E402
-from runner.clock import timestamp  # noqa: E402
 from runner.ledger import Ledger  # noqa: E402
 from runner.settings import KubeSettings  # noqa: E402
 from runner.store.file import FileStore  # noqa: E402
