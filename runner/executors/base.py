@@ -233,9 +233,12 @@ class Waiting:
             self._dirty.set()
 
     def stop(self) -> None:
+        """Stop the writer; what changed since its last write is written (nothing where no
+        session of the run ever waited)."""
         self._stop.set()
         self._thread.join(timeout=10)
-        self._flush()
+        if self._dirty.is_set():
+            self._flush()
 
 
 class Slots:
