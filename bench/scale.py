@@ -38,7 +38,9 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -88,6 +90,8 @@ class Run:
     end_lat: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     stderr: str = ""
+    running_at_kill: int = 0  # --restart: harnesses running when the first controller was killed
+    adopted: list[float] = field(default_factory=list)  # --restart: kill -> the new controller's first exec, per such pod
 
     def per_session(self, key: tuple[str, str]) -> float:
         return self.requests[key] / self.sessions
@@ -112,8 +116,30 @@ def _served(cluster) -> Counter:
     return out
 
 
+def _kill_when_all_run(argv: list[str], env: dict[str, str], sim: SimNode, concurrency: int, log: Path,
+                       timeout: float) -> tuple[float, set[str]]:
+    """Run a first controller until ``concurrency`` harnesses run at once, then SIGKILL it;
+    return the kill's time (epoch seconds, as the audit log's) and the pods running then."""
+    with open(log, "wb") as err:
+        first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + timeout
+        while sim.running_now < concurrency:
+            if first.poll() is not None or time.monotonic() > deadline:
+                first.kill()
+                raise SystemExit(f"--restart: {sim.running_now} of {concurrency} harnesses ran at once "
+                                 f"(the first controller's log: {log})")
+            time.sleep(0.2)
+        first.send_signal(signal.SIGKILL)
+        killed = time.time()
+        first.wait()
+    return killed, {name for name, runs in sim.harness_runs.items() if runs and runs[-1][1] is None}
+
+
 def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concurrency: int, seconds: float,
-            extra_env: dict[str, str]) -> Run:
+            extra_env: dict[str, str], restart: bool = False) -> Run:
+    """One campaign. ``restart``: its controller is SIGKILLed once ``concurrency`` harnesses run
+    and started again (issue 32, item 6), which must adopt every running pod: the run is the
+    second controller's, and ``adopted`` times each running pod's first exec after the kill."""
     ns = cluster.create_namespace(f"scale-{label}")
     cluster.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": ns},
                     "stringData": {"api-key": "k"}}, *install_objects(ns)])
@@ -150,6 +176,12 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
                     time.sleep(0.25)
             threading.Thread(target=loop, daemon=True).start()
 
+        killed, running = 0.0, set()
+        if restart:
+            killed, running = _kill_when_all_run(argv, env, sim, concurrency, base / f"controller-{label}-killed.log",
+                                                 timeout=600 + seconds)
+            run.running_at_kill = len(running)
+            print(f"[{label}] killed the controller with {len(running)} harnesses running; starting it again ...", flush=True)
         run.wall, run.cpu, run.rss, run.code, run.stderr = _measure(argv, env, sample)
         (base / f"controller-{label}.log").write_text(run.stderr)
         time.sleep(2)  # the audit log's last events
@@ -161,6 +193,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
     events, _ = cluster.audit_events(offset)
     ours = [e for e in events if e.get("userAgent", "").startswith(USER_AGENT)]
     created: dict[str, float] = {}
+    first_exec: dict[str, float] = {}
     for e in ours:
         obj = e.get("objectRef") or {}
         res = _resource(obj)
@@ -170,6 +203,13 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
             run.failed_codes[f"{e['verb']} {res} {code}"] += 1
         if e["verb"] == "create" and res == "pods" and code < 300:
             created[obj["name"]] = timestamp(e["requestReceivedTimestamp"])
+        if restart and res == "pods/exec" and obj["name"] in running and obj["name"] not in first_exec:
+            if (at := timestamp(e["requestReceivedTimestamp"])) > killed:
+                first_exec[obj["name"]] = at
+    if restart:
+        run.adopted = sorted(at - killed for at in first_exec.values())
+        if len(first_exec) != len(running):
+            run.problems.append(f"{len(running) - len(first_exec)} of {len(running)} running pods not adopted")
     ledger = Ledger(FileStore(base / f"store-{label}"), campaign)
     broken = ledger.verify()
     if broken:
@@ -225,6 +265,10 @@ def main() -> int:
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="more environment of the controller, every run's")
     ap.add_argument("--sweep", default="750,1000,1500", help="concurrencies to try after the large campaign, one wave each, until one fails ('' for none)")
     ap.add_argument("--sweep-only", action="store_true", help="no baseline and large campaign: the sweep alone, and no verdict on the goals")
+    ap.add_argument("--restart", type=int, default=0, metavar="N",
+                    help="then N sessions at N at once, the controller SIGKILLed once all run and started again: "
+                         "every running pod adopted (timed), every session once (issue 32, item 6); with --sweep-only, "
+                         "after the sweep")
     args = ap.parse_args()
     extra = dict(e.split("=", 1) for e in args.env)
 
@@ -249,9 +293,19 @@ def main() -> int:
             if r.problems:
                 failed_at = r
                 break
+        if args.restart:
+            r = one_run(cluster, base, stream, f"restart-{args.restart}", args.restart, args.restart,
+                        args.seconds * args.restart / args.concurrency, extra, restart=True)
+            report([r])
+            print(f"restart at {r.running_at_kill} running: {len(r.adopted)} pods adopted, kill -> the new controller's "
+                  f"first exec into each p50 {_pct(r.adopted, 50):.1f} s, last {max(r.adopted, default=float('nan')):.1f} s; "
+                  f"every session once: {'yes' if not r.problems else 'NO: ' + '; '.join(r.problems)}")
+            if r.problems:
+                return 1
     if args.sweep_only:
-        failed = f"first failure at {failed_at.concurrency} at once: {'; '.join(failed_at.problems)}" if failed_at else None
-        print(f"\nverdict (sweep only): {failed or f'no failure up to {runs[-1].concurrency} at once'}")
+        if runs:
+            failed = f"first failure at {failed_at.concurrency} at once: {'; '.join(failed_at.problems)}" if failed_at else None
+            print(f"\nverdict (sweep only): {failed or f'no failure up to {runs[-1].concurrency} at once'}")
         return 1 if failed_at else 0
     b, big = runs[0], runs[1]
     print("\nAPI requests per session by verb and resource (the runner's, from the audit log):")
