@@ -331,8 +331,12 @@ def test_the_light_node_runs_a_whole_wave_at_once_and_every_stream_passes_intake
              if (e.get("objectRef") or {}).get("namespace") == namespace and e["objectRef"].get("subresource") == "exec"]
     assert not [e for e in execs if e["responseStatus"]["code"] >= 400], \
         Counter(e["responseStatus"]["code"] for e in execs)  # no exec needed a retry
-    # 20 s sessions: the delivery and the finish (no follow: the stream is followed every 60 s)
-    assert Counter(_exec_kind(e) for e in execs) == {"deliver": 48, "finish": 48}
+    # 20 s sessions: the delivery and the finish (no follow: the stream is followed every 60 s),
+    # and again each exec KWOK failed after the API server upgraded it (audited 101; the
+    # controller retried it: CI saw 4 of the deliveries so)
+    kinds, retried = Counter(_exec_kind(e) for e in execs), executor.kube.tally.retried.get("exec transfers", 0)
+    assert set(kinds) == {"deliver", "finish"} and min(kinds.values()) >= 48 and kinds.total() == 96 + retried, \
+        (kinds, retried)
     for key in states:
         capture = json.loads(store.get(f"campaigns/{plan.campaign}/sessions/{key}/capture.json"))
         assert capture["stream"]["sha256"] == capture["reader"]["sha256"] == "sha256:" + hashlib.sha256(stream.read_bytes()).hexdigest()

@@ -192,8 +192,14 @@ def _campaign(install, provider, bucket, tmp_path) -> tuple[str, float]:
         # A real kubelet's milestones (issue 31, item 2): every one a pod passes, the sandbox's
         # condition and the containers' states as the kubelet reports them, in their order.
         assert {m for m in c["phases"] if m in ORDER} == POD_MILESTONES, c["phases"]
-        stamps = [c["phases"][m] for m in ORDER if m in POD_MILESTONES]
+        # The entry point (the node's clock) may start the CLI before the delivery's exec has
+        # returned to the controller, which stamps workspace_delivered then (docs/operating.md): a
+        # poll of 20 ms made it start 3 ms before that stamp once. Its own place: after the
+        # containers started, before the first reply.
+        stamps = [c["phases"][m] for m in ORDER if m in POD_MILESTONES - {"harness_started"}]
         assert stamps == sorted(stamps), c["phases"]
+        p = c["phases"]
+        assert p["containers_started"] <= p["harness_started"] <= p["first_reply"], p
         assert 0 <= c["phases"]["policy_wait_seconds"] < 30, c["phases"]
         # Every call went through the gateway, which metered it into the attempt's Lease.
         assert c["gateway"]["calls"] >= 1 and not c["gateway"]["refused"], c["gateway"]
