@@ -200,8 +200,12 @@ class Ledger:
         self._first: dict[tuple[str, str | None, int | None], LedgerEntry] = {}  # (type, session, attempt) -> the first such entry
         for k in self.store.list(self.prefix):
             if k.endswith(".json"):
-                for line in self.store.get(k).splitlines():
-                    self._apply(json.loads(line))
+                for e in self._batch(k):
+                    self._apply(e)
+
+    def _batch(self, key: str) -> list[Any]:
+        """The entries of one stored batch, in order (ValueError where one is not JSON)."""
+        return [json.loads(line) for line in self.store.get(key).splitlines()]
 
     def _apply(self, e: LedgerEntry) -> None:
         self.entries.append(e)
@@ -404,7 +408,7 @@ class Ledger:
                 problems.append(f"entry {i} is missing (found {key.rsplit('/', 1)[-1]} in its place)")
                 break
             try:
-                batch = [json.loads(line) for line in self.store.get(key).splitlines()]
+                batch = self._batch(key)
             except ValueError:
                 problems.append(f"entry {i} is not JSON")
                 break

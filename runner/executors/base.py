@@ -261,13 +261,16 @@ class Slots:
         whose harness already runs, adopted after a restart, must be followed now). ``note``:
         where the session says why it waits (``status`` shows it), here and through the slot."""
         slot = Slot(self, note)
+
+        def free() -> bool:
+            return force or (self.running < self.running_limit and not self.returning)
         with self._cond:
-            if not (free := force or (self.running < self.running_limit and not self.returning)):
+            if waited := not free():
                 slot.note(f"the campaign's concurrency: {self.running} of {self.running_limit} sessions running",
                           "slot_held")
-            self._cond.wait_for(lambda: force or (self.running < self.running_limit and not self.returning))
+            self._cond.wait_for(free)
             self.running += 1
-        if not free:
+        if waited:
             slot.note(None)
         try:
             yield slot

@@ -360,8 +360,7 @@ class KubernetesExecutor:
                 "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
                 if not slot.held:
-                    slot.note("running, waiting for a running session to end (concurrency)",
-                                      "workspace_delivered")
+                    slot.note("running, waiting for a running session to end (concurrency)", "workspace_delivered")
                 if slot.back(asked + timeout - time.monotonic()):
                     slot.note(None)
                     return made
