@@ -22,7 +22,14 @@ Per run it prints:
   delivery seen), and from the harness's exit to the outcome journaled (the ledger entry's
   ``at``, milliseconds);
 - whether every session succeeded once: one harness run per pod, one pod per session, every
-  session at attempt 1, the ledger's chain intact.
+  session at attempt 1, the ledger's chain intact;
+- the control plane's share apart from the controller's (issue 32, item 4): each control-plane
+  process's CPU seconds over the run and its busiest 5 s (from /proc/PID/stat, sampled), the API
+  server's p50/p99 for reads and writes (``apiserver_request_duration_seconds``, its buckets'
+  bounds), etcd's WAL fsync and backend commit p99, every client's requests answered 429 or 5xx
+  (the audit log), any control-plane process that ended; the controller's most threads.
+  ``--wave-timeout`` stops a controller that does not finish, after recording what its
+  threads wait on (their kernel wait channels) and its log's tail.
 
 The last line is the verdict against the issue's goals: <= 0.15 s controller CPU per session,
 <= 300 MiB peak RSS at --concurrency at once, API requests per session flat (within 10%) from
@@ -45,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +100,14 @@ class Run:
     stderr: str = ""
     running_at_kill: int = 0  # --restart: harnesses running when the first controller was killed
     adopted: list[float] = field(default_factory=list)  # --restart: kill -> the new controller's first exec, per such pod
+    plane: dict[str, float] = field(default_factory=dict)  # control-plane process -> CPU seconds over the controller's run
+    plane_peak: dict[str, float] = field(default_factory=dict)  # process -> most CPU in one 5 s sample, in cores
+    plane_gone: list[str] = field(default_factory=list)  # control-plane processes that ended during the run, and when
+    threads: int = 0  # the controller's most threads seen
+    latency: dict[str, tuple[float, float]] = field(default_factory=dict)  # verb group -> API server p50/p99 s (bucket bounds)
+    etcd: dict[str, float] = field(default_factory=dict)  # etcd's WAL fsync and backend commit p99 s over the run
+    answered: Counter = field(default_factory=Counter)  # every client's requests answered 429, 5xx or 504, by code
+    stalled: str = ""  # --wave-timeout: what the controller's threads waited on when it was stopped
 
     def per_session(self, key: tuple[str, str]) -> float:
         return self.requests[key] / self.sessions
@@ -116,6 +132,95 @@ def _served(cluster) -> Counter:
     return out
 
 
+PLANE = ("kube-apiserver", "etcd", "kube-scheduler", "kube-controller-manager", "kwok-controller")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _plane_pids(cluster) -> dict[str, int]:
+    """The control plane's processes by name, from kwokctl's pid files."""
+    return {name: int((cluster.cluster_dir / "pids" / f"{name}.pid").read_text()) for name in PLANE}
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """utime + stime of ``pid`` (its threads' included), None once it has ended."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK if fields[0] != "Z" else None
+
+
+def _histograms(text: str, metric: str, label: str) -> dict[str, Counter]:
+    """Cumulative bucket counts of a Prometheus histogram, summed over every series with the
+    same ``label`` value: value -> {le: count}."""
+    out: dict[str, Counter] = {}
+    for line in text.splitlines():
+        if line.startswith(metric + "_bucket{"):
+            labels, _, value = line.rpartition(" ")
+            key = re.search(label + '="([^"]*)"', labels).group(1) if label else ""
+            le = re.search('le="([^"]*)"', labels).group(1)
+            out.setdefault(key, Counter())[le] += int(float(value))
+    return out
+
+
+def _quantile(after: Counter, before: Counter, q: float) -> float:
+    """The upper bound of the bucket that holds the ``q`` quantile of what was observed between
+    two readings of a histogram (nan if nothing was)."""
+    bounds = sorted(after, key=lambda le: float(le))
+    total = after["+Inf"] - before["+Inf"]
+    if total <= 0:
+        return float("nan")
+    for le in bounds:
+        if after[le] - before[le] >= q * total:
+            return float(le)
+    return float("inf")
+
+
+LATENCY_GROUPS = {"reads": ("GET", "LIST"), "writes": ("POST", "PUT", "PATCH", "DELETE")}
+ETCD_DISK = ("etcd_disk_wal_fsync_duration_seconds", "etcd_disk_backend_commit_duration_seconds")
+
+
+def _metrics(cluster) -> tuple[dict[str, Counter], dict[str, Counter]]:
+    """apiserver_request_duration_seconds by verb, and etcd's disk histograms (WAL fsync,
+    backend commit), as cumulative buckets: read before and after a run, their difference is the run's."""
+    apiserver = _histograms(cluster.kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_duration_seconds", "verb")
+    cmdline = Path(f"/proc/{_plane_pids(cluster)['etcd']}/cmdline").read_bytes().decode().split("\0")
+    url = next(a.split("=", 1)[1].split(",")[0] for a in cmdline if a.startswith("--listen-client-urls="))
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    return apiserver, {name: _histograms(text, name, "").get("", Counter()) for name in ETCD_DISK}
+
+
+def _stop(pid: int, run: Run, after: float) -> None:
+    """--wave-timeout: record what the controller's threads wait on (their kernel wait channel and
+    state) and the tail of its log, then SIGTERM it (SIGKILL 60 s later if it is still there)."""
+    waits: Counter = Counter()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            waits[f"{(task / 'wchan').read_text().strip() or '-'} ({state})"] += 1
+        except OSError:
+            continue
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = int(status.split("VmRSS:", 1)[1].split()[0]) / 1024
+        cpu = _cpu_seconds(pid) or 0.0
+        with open(f"/proc/{pid}/fd/2", "rb") as log:
+            log.seek(max(0, os.fstat(log.fileno()).st_size - 3000))
+            tail = log.read().decode(errors="replace")
+    except OSError:
+        return
+    run.stalled = (f"after {after:.0f} s: {sum(waits.values())} threads, {rss:.0f} MiB RSS, {cpu:.1f} s CPU; "
+                   f"threads by wait channel (state): {dict(waits.most_common(8))}\nthe log's tail:\n{tail}")
+    print(f"[{run.label}] stopping the controller {run.stalled}", flush=True)
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(60):
+        time.sleep(1)
+        if _cpu_seconds(pid) is None:
+            return
+    os.kill(pid, signal.SIGKILL)
+
+
 def _kill_when_all_run(argv: list[str], env: dict[str, str], sim: SimNode, concurrency: int, log: Path,
                        timeout: float) -> tuple[float, set[str]]:
     """Run a first controller until ``concurrency`` harnesses run at once, then SIGKILL it;
@@ -136,10 +241,12 @@ def _kill_when_all_run(argv: list[str], env: dict[str, str], sim: SimNode, concu
 
 
 def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concurrency: int, seconds: float,
-            extra_env: dict[str, str], restart: bool = False) -> Run:
+            extra_env: dict[str, str], restart: bool = False, timeout: float = 0.0) -> Run:
     """One campaign. ``restart``: its controller is SIGKILLed once ``concurrency`` harnesses run
     and started again (issue 32, item 6), which must adopt every running pod: the run is the
-    second controller's, and ``adopted`` times each running pod's first exec after the kill."""
+    second controller's, and ``adopted`` times each running pod's first exec after the kill.
+    ``timeout``: the controller is stopped (SIGTERM) after that many seconds, what its threads
+    waited on recorded first."""
     ns = cluster.create_namespace(f"scale-{label}")
     cluster.apply([{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "provider", "namespace": ns},
                     "stringData": {"api-key": "k"}}, *install_objects(ns)])
@@ -159,6 +266,8 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
             "--executor", "kubernetes", "--concurrency", str(concurrency)]
     offset = cluster.audit_offset()
     served = _served(cluster)
+    pids = _plane_pids(cluster)
+    metrics_before = _metrics(cluster)
     sim_root = base / f"sim-{label}"
     sim_root.mkdir(mode=0o755)
     print(f"[{label}] {run.sessions} sessions, {concurrency} at once, {seconds:g} s each ...", flush=True)
@@ -176,13 +285,51 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
                     time.sleep(0.25)
             threading.Thread(target=loop, daemon=True).start()
 
+            def plane_loop() -> None:
+                """The control plane's CPU over the run and its busiest 5 s; the controller's threads."""
+                t0 = time.monotonic()
+                first = last = {name: _cpu_seconds(p) for name, p in pids.items()}
+                while Path(f"/proc/{pid}").exists():
+                    time.sleep(5)
+                    now = {name: _cpu_seconds(p) for name, p in pids.items()}
+                    for name, cpu in now.items():
+                        if cpu is None:
+                            if not any(gone.startswith(name + " ") for gone in run.plane_gone):
+                                run.plane_gone.append(f"{name} at {time.monotonic() - t0:.0f} s")
+                            continue
+                        run.plane[name] = cpu - (first[name] or 0.0)
+                        run.plane_peak[name] = max(run.plane_peak.get(name, 0.0), (cpu - (last[name] or cpu)) / 5)
+                    last = {k: (v if v is not None else last[k]) for k, v in now.items()}
+                    try:
+                        threads = int(Path(f"/proc/{pid}/status").read_text().split("Threads:", 1)[1].split()[0])
+                    except (OSError, IndexError):
+                        return
+                    run.threads = max(run.threads, threads)
+            threading.Thread(target=plane_loop, daemon=True).start()
+            if timeout:
+                stopper.append(threading.Timer(timeout, _stop, (pid, run, timeout)))
+                stopper[0].start()
+
         killed, running = 0.0, set()
+        stopper: list[threading.Timer] = []
         if restart:
             killed, running = _kill_when_all_run(argv, env, sim, concurrency, base / f"controller-{label}-killed.log",
                                                  timeout=600 + seconds)
             run.running_at_kill = len(running)
             print(f"[{label}] killed the controller with {len(running)} harnesses running; starting it again ...", flush=True)
         run.wall, run.cpu, run.rss, run.code, run.stderr = _measure(argv, env, sample)
+        for timer in stopper:
+            timer.cancel()
+        metrics_after = _metrics(cluster)
+        for group, verbs in LATENCY_GROUPS.items():
+            after, before = Counter(), Counter()
+            for verb in verbs:
+                after.update(metrics_after[0].get(verb, Counter()))
+                before.update(metrics_before[0].get(verb, Counter()))
+            if after["+Inf"] > before["+Inf"]:
+                run.latency[group] = (_quantile(after, before, 0.5), _quantile(after, before, 0.99))
+        for name in metrics_after[1]:
+            run.etcd[name] = _quantile(metrics_after[1][name], metrics_before[1].get(name, Counter()), 0.99)
         (base / f"controller-{label}.log").write_text(run.stderr)
         time.sleep(2)  # the audit log's last events
     run.most = sim.max_running
@@ -192,6 +339,10 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
     run.everyone = _served(cluster) - served
     events, _ = cluster.audit_events(offset)
     ours = [e for e in events if e.get("userAgent", "").startswith(USER_AGENT)]
+    for e in events:
+        code = (e.get("responseStatus") or {}).get("code", 0)
+        if code == 429 or code >= 500:
+            run.answered[code] += 1
     created: dict[str, float] = {}
     first_exec: dict[str, float] = {}
     for e in ours:
@@ -230,6 +381,10 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
         run.problems.append(f"{len(sim.created)} pod names for {run.sessions} sessions")
     if sim.errors:
         run.problems.append(f"SimNode: {len(sim.errors)} errors, first: {sim.errors[:3]}")
+    if run.plane_gone:
+        run.problems.append(f"control-plane processes ended: {', '.join(run.plane_gone)}")
+    if run.stalled:
+        run.problems.append(f"stopped after {timeout:.0f} s")
     if run.code != 0:
         run.problems.append(f"the controller exited {run.code} (its log: {base / f'controller-{label}.log'}): "
                             f"{run.stderr.strip().splitlines()[-1][-300:] if run.stderr.strip() else ''}")
@@ -246,13 +401,22 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
 def report(runs: list[Run]) -> None:
     print(f"\n{'run':<10}{'sessions':>9}{'at once':>8}{'most':>6}{'wall s':>8}{'CPU s/session':>14}{'peak RSS MiB (running)':>23}"
           f"{'requests/session':>17}{'execs/session (retried)':>24}"
-          f"{'create->start p50/p99 s':>25}{'exit->outcome p50/p99 s':>25}  problems")
+          f"{'create->start p50/p99 s':>25}{'exit->outcome p50/p99 s':>25}{'threads':>8}{'apiserver/etcd CPU s':>21}  problems")
     for r in runs:
         total = sum(r.requests.values()) / r.sessions
         print(f"{r.label:<10}{r.sessions:>9}{r.concurrency:>8}{r.most:>6}{r.wall:>8.1f}{r.cpu / r.sessions:>14.3f}{r.rss:>14.1f} ({r.rss_running:>5.1f})"
               f"{total:>17.2f}{r.tally.get('exec transfers', (0, 0))[0] / r.sessions:>15.2f} ({r.tally.get('exec transfers', (0, 0))[1] / r.sessions:.3f})"
               f"{_pct(r.start_lat, 50):>12.2f} / {_pct(r.start_lat, 99):>6.2f}    {_pct(r.end_lat, 50):>10.2f} / {_pct(r.end_lat, 99):>6.2f}"
+              f"{r.threads:>8}{r.plane.get('kube-apiserver', 0.0):>12.0f} / {r.plane.get('etcd', 0.0):<7.0f}"
               f"  {'; '.join(r.problems) or 'none'}")
+    for r in runs:  # the control plane's share of each run, apart from the controller's
+        plane = ", ".join(f"{name} {r.plane[name]:.0f} s (busiest 5 s: {r.plane_peak.get(name, 0.0):.2f} cores)" for name in PLANE if name in r.plane)
+        latency = ", ".join(f"{group} {p50:g} / {p99:g} s" for group, (p50, p99) in r.latency.items())
+        etcd = ", ".join(f"{name.split('_')[2]} {p99:g} s" for name, p99 in r.etcd.items())
+        print(f"  {r.label}: CPU over {r.wall:.0f} s: controller {r.cpu:.0f} s, {plane}; API server p50 / p99 (bucket bounds): "
+              f"{latency or 'none'}; etcd p99: {etcd}; every client's 429 / 5xx: {dict(r.answered) or 'none'}")
+        if r.stalled:
+            print(f"  {r.label}: stopped {r.stalled}")
 
 
 def main() -> int:
@@ -269,6 +433,12 @@ def main() -> int:
                     help="then N sessions at N at once, the controller SIGKILLed once all run and started again: "
                          "every running pod adopted (timed), every session once (issue 32, item 6); with --sweep-only, "
                          "after the sweep")
+    ap.add_argument("--campaign", type=int, default=0, metavar="N",
+                    help="with --sweep-only, after the sweep: one campaign of N sessions at --concurrency, --seconds "
+                         "each, every session once (issue 32, item 4)")
+    ap.add_argument("--wave-timeout", type=float, default=0.0, metavar="S",
+                    help="stop a run's controller after S seconds (0: never), what its threads waited on recorded: "
+                         "a wave that does not end is a failure")
     args = ap.parse_args()
     extra = dict(e.split("=", 1) for e in args.env)
 
@@ -287,12 +457,22 @@ def main() -> int:
             report(runs)
         failed_at = None
         for c in [int(x) for x in args.sweep.split(",") if x.strip()]:
-            r = one_run(cluster, base, stream, f"sweep-{c}", c, c, args.seconds * c / args.concurrency, extra)
+            r = one_run(cluster, base, stream, f"sweep-{c}", c, c, args.seconds * c / args.concurrency, extra,
+                        timeout=args.wave_timeout)
             runs.append(r)
             report(runs)
             if r.problems:
                 failed_at = r
                 break
+        if args.campaign and args.sweep_only and failed_at is None:
+            r = one_run(cluster, base, stream, f"campaign-{args.campaign}", args.campaign, args.concurrency,
+                        args.seconds, extra, timeout=args.wave_timeout)
+            runs.append(r)
+            report([r])
+            print(f"campaign of {r.sessions} sessions at {r.concurrency} at once: {r.wall:.0f} s end to end; "
+                  f"every session once: {'yes' if not r.problems else 'NO: ' + '; '.join(r.problems)}")
+            if r.problems:
+                failed_at = r
         if args.restart:
             r = one_run(cluster, base, stream, f"restart-{args.restart}", args.restart, args.restart,
                         args.seconds * args.restart / args.concurrency, extra, restart=True)
