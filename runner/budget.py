@@ -55,12 +55,13 @@ def _attempt(start: LedgerEntry, outcome: LedgerEntry | None) -> tuple[Decimal, 
     return ZERO, held if cost is None else Decimal(cost)
 
 
-def books(ledger: Ledger) -> Books:
-    """The books from the journal (an attempt that never started spent nothing)."""
+def books(ledger: Ledger, sessions: set[str] | None = None) -> Books:
+    """The books from the journal (an attempt that never started spent nothing); of
+    ``sessions`` alone where given (a share's: runner/share.py)."""
     reserved = spent = ZERO
     budget: Decimal | None = None
     for e in ledger.entries:
-        if e["type"] == "start":
+        if e["type"] == "start" and (sessions is None or e["session"] in sessions):
             r, s = _attempt(e, ledger.entry("outcome", e["session"], e["attempt"]))
             reserved, spent = reserved + r, spent + s
             if e.get("campaign_usd") is not None:
@@ -77,12 +78,21 @@ class Gate:
     session's amount in memory, or waits while sessions of this run that may settle for less
     are still out, and refuses when none is; ``done`` settles it from the ledger. ``tell`` is
     called with the gate at its start and after each change of its books, under its lock, so
-    in their order (the run's metrics: budget reserved and left)."""
+    in their order (the run's metrics: budget reserved and left).
+
+    A run of one share of the campaign (runner/share.py) holds its ``sessions`` to its part
+    of the budget, ``limit``: the books are then its sessions' alone, and the shares' parts add
+    up to no more than the campaign's budget, which the start entries still journal."""
 
     def __init__(self, ledger: Ledger, campaign_usd: Decimal, reservation: Decimal,
-                 tell: Callable[[Gate], None] = lambda gate: None) -> None:
-        start = books(ledger)
-        self.budget, self.reservation = campaign_usd, reservation
+                 tell: Callable[[Gate], None] = lambda gate: None, limit: Decimal | None = None,
+                 sessions: set[str] | None = None) -> None:
+        start = books(ledger, sessions)
+        self.campaign_usd, self.reservation = campaign_usd, reservation
+        self.budget = campaign_usd if limit is None else limit  # what this gate holds its sessions to
+        self._what = (f"the campaign's budget of ${self.budget:.4f}" if limit is None else
+                      f"this controller's part of the campaign's budget (${self.budget:.4f} of ${campaign_usd:.4f}, "
+                      "in proportion to its share of the sessions)")
         self.spent, self.reserved = start.spent, start.reserved
         self.out = 0  # sessions of this run holding a reservation: each may still give some back
         self._cond = threading.Condition()
@@ -103,7 +113,7 @@ class Gate:
             self._cond.wait_for(lambda: self._fits() or self.out == 0)
             if not self._fits():
                 raise OverBudget(f"a session reserves ${self.reservation:.4f} (budget.session_usd + budget.call_usd) and "
-                                 f"the campaign's budget of ${self.budget:.4f} has ${self.budget - self.spent - self.reserved:.4f} "
+                                 f"{self._what} has ${self.budget - self.spent - self.reserved:.4f} "
                                  f"left (${self.spent:.4f} spent, ${self.reserved:.4f} reserved)")
             self.out += 1
             self.reserved += self.reservation
@@ -117,7 +127,7 @@ class Gate:
 
     def money(self) -> Money:
         """What a start entry journals of the budget it was made under."""
-        return {"reserved_usd": str(self.reservation), "campaign_usd": str(self.budget)}
+        return {"reserved_usd": str(self.reservation), "campaign_usd": str(self.campaign_usd)}
 
     def done(self, ledger: Ledger, session: str, attempt: int) -> None:
         """The session's part in this run is over: settle what the ledger says of it. Never

@@ -27,6 +27,7 @@ from runner.plan import Plan, SessionSpec
 from runner.progress import BudgetBooks, Paused, RunEnded, RunNote, RunPlanned, RunSubscriber, SessionEnded, SessionStarted, ignore
 from runner.seal import seal
 from runner.settings import BudgetSettings
+from runner.share import WHOLE, Share
 from runner.store import Store
 from runner.throttle import Backoff, Halted, observe, refused_key
 from runner.transform.events import shown_paths, written_paths
@@ -90,11 +91,13 @@ class RunReport:
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
                  produced: list[str], progress: RunSubscriber = ignore, resume: set[str] | None = None,
-                 backoff: Backoff | None = None, budget: BudgetSettings | None = None) -> RunReport:
+                 backoff: Backoff | None = None, budget: BudgetSettings | None = None, share: Share = WHOLE) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
     starts while the provider throttles (see runner/throttle.py); ``budget`` (default: none)
     starts no session whose reservation would take the campaign past its budget (runner/budget.py).
-    ``progress`` is told what happens as it happens (runner/progress.py)."""
+    ``progress`` is told what happens as it happens (runner/progress.py). ``share``: the part of
+    the campaign this run owns (runner/share.py; default the whole): its sessions alone, held to
+    its part of the budget; ``concurrency`` is the caller's part of the campaign's."""
     store_plan(store, plan)
     store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
@@ -103,10 +106,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     report = RunReport(executor.remedies(plan.campaign))
     todo: list[tuple[SessionSpec, int, bool]] = []
     executor.preflight()
-    final = {(spec.probe, spec.name, st.attempt) for spec in plan.sessions()
+    mine = share.sessions(plan)
+    final = {(spec.probe, spec.name, st.attempt) for spec in mine
              if (st := states.get(spec.key)) and st.status not in ("pending", "intended", "started")}
-    live = executor.prepare(plan, final)
-    for spec in plan.sessions():
+    live = executor.prepare(plan, final, share)
+    for spec in mine:
         st = states.get(spec.key) or SessionState(spec.key)  # none journaled: pending, attempt 0
         status = st.status
         if resume and spec.key in resume:
@@ -129,7 +133,9 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     def books(g: Gate) -> None:
         progress(BudgetBooks(plan.campaign, g.budget, g.spent, g.reserved))
 
-    gate = Gate(ledger, budget.campaign_usd, reservation, books) if budget and budget.campaign_usd and reservation else None
+    gate = (Gate(ledger, budget.campaign_usd, reservation, books, None if share.whole else share.budget(budget.campaign_usd, plan),
+                 None if share.whole else {spec.key for spec in mine})
+            if budget and budget.campaign_usd and reservation else None)
 
     def not_started(spec: SessionSpec, attempt: int, why: str) -> None:
         """The session does not start in this run. A pod an earlier run created for its
@@ -195,7 +201,8 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         for _, _, adopt in todo:
             if adopt:
                 gate.adopt()
-    waits = Waiting(store, plan.campaign)  # why sessions wait, for status: the campaign's and the executor's waits
+    # why sessions wait, for status: the run's and the executor's waits (a share's run writes its own)
+    waits = Waiting(store, layout.waiting_key(plan.campaign, None if share.whole else share.name))
     try:
         with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
             for f in [pool.submit(one, item) for item in todo]:
@@ -207,7 +214,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
         report.halted = report.halted or backoff.halted
     if (halt := executor.halted()) is not None:
         report.halt(halt)
-    report.ledger_read = sessions_digest(ledger.sessions(), [spec.key for spec in plan.sessions()])
+    report.ledger_read = sessions_digest(ledger.sessions(), [spec.key for spec in mine])
     return report
 
 

@@ -39,9 +39,25 @@ def transcript_key(campaign: str, tier: str, arm: str) -> str:
     return f"{campaign_prefix(campaign)}/transcripts/{tier}-{arm}.md"
 
 
-def waiting_key(campaign: str) -> str:
-    """Why sessions of a running campaign wait to start (the run rewrites it: runner/executors/base.py Waiting)."""
-    return f"{campaign_prefix(campaign)}/waiting.json"
+def waiting_key(campaign: str, share: str | None = None) -> str:
+    """Why sessions of a running campaign wait to start (the run rewrites it: runner/executors/base.py Waiting);
+    a run of one share of the campaign (runner/share.py, ``share`` its name) writes its own, under waiting_prefix."""
+    return f"{campaign_prefix(campaign)}/waiting.json" if share is None else f"{waiting_prefix(campaign)}{share}.json"
+
+
+def waiting_prefix(campaign: str) -> str:
+    """The shares' waiting records: one writer each, which status reads together."""
+    return f"{campaign_prefix(campaign)}/waiting/"
+
+
+def share_ended_prefix(campaign: str, run: str) -> str:
+    """Where the shares of one split run (``run``: its controller Job's uid) each say they ended:
+    the share that finds every share ended runs the transform (runner/service/run.py)."""
+    return f"{campaign_prefix(campaign)}/shares/{run}/"
+
+
+def share_ended_key(campaign: str, run: str, share: str) -> str:
+    return f"{share_ended_prefix(campaign, run)}{share}.json"
 
 
 def refusals_key(campaign: str) -> str:

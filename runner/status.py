@@ -180,11 +180,14 @@ def _transcripts(store: Store, plan: Plan, read: str) -> Transcripts:
 
 def _waiting(store: Store, plan: Plan, states: dict[str, Any]) -> dict[str, WaitReason]:
     """Why sessions not final yet wait to start (the budget, a slot, a throttle pause, their
-    pod), as the campaign's run last recorded it (layout.waiting_key)."""
-    if (written := _read(store, layout.waiting_key(plan.campaign))) is None:
-        return {}
-    record: WaitingRecord = json.loads(written)
-    recorded = record.get("sessions") or {}
+    pod), as the campaign's run last recorded it (layout.waiting_key), or each share's run
+    (runner/share.py: one record each, under layout.waiting_prefix; a share owns its sessions,
+    so no two records name one)."""
+    recorded: dict[str, WaitReason] = {}
+    for key in [layout.waiting_key(plan.campaign), *store.list(layout.waiting_prefix(plan.campaign))]:
+        if (written := _read(store, key)) is not None:
+            record: WaitingRecord = json.loads(written)
+            recorded.update(record.get("sessions") or {})
     return {k: v for k, v in recorded.items() if k not in states or states[k].status not in FINAL}
 
 

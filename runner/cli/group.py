@@ -7,7 +7,7 @@ import functools
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 
@@ -46,6 +46,27 @@ def corpus_option(help: str = CORPUS_HELP) -> Callable[[F], F]:
 def interval_option() -> Callable[[F], F]:
     return click.option("--interval", type=float, default=10.0, metavar="SECONDS",
                         help="seconds between two reads of the ledger with --watch (default: 10)")
+
+
+def share_options(command: F) -> F:
+    """--shares/--share-index, given to the command as ``share`` (runner/share.py)."""
+    @functools.wraps(command)
+    def wrapper(*args: Any, shares: int, share_index: int | None, **kwargs: Any) -> Any:
+        from runner.share import Share
+
+        if shares > 1 and share_index is None:
+            raise click.UsageError(f"--shares {shares} needs --share-index (0 to {shares - 1}): which share this "
+                                   "process runs; a pod of the campaign's Indexed Job has it as JOB_COMPLETION_INDEX")
+        return command(*args, share=Share(share_index or 0, shares), **kwargs)
+
+    wrapper = click.option("--share-index", type=click.IntRange(min=0), envvar="JOB_COMPLETION_INDEX", metavar="I",
+                           help="which share this process runs, 0 to --shares - 1 (default: $JOB_COMPLETION_INDEX, "
+                                "which the Job controller gives each pod of an Indexed Job)")(wrapper)
+    return cast(F, click.option(
+        "--shares", type=click.IntRange(min=1), default=1, show_default=True, metavar="N",
+        help="split the campaign across N processes (controllers), each running one share: the sessions at "
+             "positions I, I+N, I+2N... of the plan, with its part of --concurrency and of the budget; the last "
+             "share to end runs the transform (kube.controllers for a submitted campaign)")(wrapper))
 
 
 budget_options = [

@@ -13,15 +13,16 @@ from typing import IO, TYPE_CHECKING
 import click
 
 from runner.budget import dollars
-from runner.cli.group import cli, corpus_option, plan_argument, with_settings
+from runner.cli.group import cli, corpus_option, plan_argument, share_options, with_settings
 from runner.executors import registry
 from runner.progress import RunEnded, RunEvent, RunNote, RunPlanned, SessionEnded, SessionStarted
 from runner.settings import Settings
+from runner.share import WHOLE, Share
 
 if TYPE_CHECKING:
     from runner.live import LiveProgress
     from runner.plan import Plan
-    from runner.service.run import CampaignRun, Written
+    from runner.service.run import CampaignRun, ShareEnded, Written
 
 
 @cli.command(short_help="run a campaign to the end (continues one already started)")
@@ -32,26 +33,31 @@ if TYPE_CHECKING:
                    "through $RUNNER_KUBE__KUBECONFIG or the current kubeconfig context)")
 @click.option("--produced", multiple=True, metavar="PATH",
               help="a workspace path a session may write without naming it (e.g. a Bash redirect); repeatable")
+@share_options
 @with_settings(concurrency=True, budget=True)
-def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: tuple[str, ...]) -> int:
+def run(settings: Settings, plan: Path, corpus: Path, executor: str, produced: tuple[str, ...], share: Share) -> int:
     """Run every session of PLAN that has not run, then the transform. Safe to run again:
-    sessions that ran are not repeated; interrupted ones are reported for `ledger recover`."""
+    sessions that ran are not repeated; interrupted ones are reported for `ledger recover`.
+    With --shares, run one share of it beside the processes that run the others (on other
+    hosts, against the same --store)."""
     from runner.plan import load_plan
 
-    return run_and_report(settings, load_plan(plan), corpus, executor, list(produced))
+    return run_and_report(settings, load_plan(plan), corpus, executor, list(produced), share)
 
 
 @cli.command(short_help="in-cluster entry point: run a submitted campaign's sessions as pods")
 @click.option("--campaign", required=True)
 @click.option("--resume", "resume", multiple=True, metavar="SESSION",
               help="also run a new attempt of SESSION (interrupted or failed; `ledger resume --job`); repeatable")
+@share_options
 @with_settings(concurrency=True, budget=True)
-def controller(settings: Settings, campaign: str, resume: tuple[str, ...]) -> int:
+def controller(settings: Settings, campaign: str, resume: tuple[str, ...], share: Share) -> int:
     """Run every session of CAMPAIGN (plan and corpus as `submit` stored them) as Kubernetes
-    pods, then the transform. Safe to restart: live pods are adopted, nothing repeats."""
+    pods, then the transform. Safe to restart: live pods are adopted, nothing repeats. With
+    --shares (kube.controllers: the pods of an Indexed Job), one share of them."""
     from runner.service.run import run_submitted
 
-    return render_run(run_submitted(settings, campaign, resume, progress=RunProgress(sys.stderr)))
+    return render_run(run_submitted(settings, campaign, resume, progress=RunProgress(sys.stderr), share=share))
 
 
 @cli.command(short_help="in-cluster entry point: the provider gateway, the one holder of the provider key")
@@ -78,12 +84,13 @@ def demo(settings: Settings) -> int:
 
 
 def run_and_report(settings: Settings, plan: Plan, corpus: Path, executor: str = "local",
-                   produced: list[str] | None = None) -> int:
-    """Run the campaign through the service's one path, show what came of it, and return the
-    exit status it makes."""
+                   produced: list[str] | None = None, share: Share = WHOLE) -> int:
+    """Run the campaign (``share`` of it) through the service's one path, show what came of it,
+    and return the exit status it makes."""
     from runner.service.run import run_campaign
 
-    return render_run(run_campaign(settings, plan, corpus, executor, produced or [], progress=RunProgress(sys.stderr)))
+    return render_run(run_campaign(settings, plan, corpus, executor, produced or [], progress=RunProgress(sys.stderr),
+                                   share=share))
 
 
 class RunProgress:
@@ -131,15 +138,28 @@ def render_run(done: CampaignRun) -> int:
     """The sessions left interrupted, what the transform wrote, why the run stopped; the exit
     status of what the run came to."""
     from runner.service.outcome import exit_status
+    from runner.service.run import ShareEnded
 
     for left in done.interrupted:
         click.echo(f"interrupted: {left.key} started and has no outcome; it may or may not have executed. "
                    f"Inspect it, then `probe-runner ledger recover {done.campaign}` and cancel it, or resume it: "
                    f"{left.resume}.", err=True)
-    render_written(done.written)
+    if isinstance(done.written, ShareEnded):
+        render_share_ended(done.written)
+    else:
+        render_written(done.written)
     if done.stop is not None:
         click.echo(done.stop.why, err=True)
     return exit_status(done.outcome)
+
+
+def render_share_ended(ended: ShareEnded) -> None:
+    """A share of a split campaign ended before the others: what it left; the transform is the last share's."""
+    click.echo(f"share {ended.share} ended; the transform runs when the last share ends (waiting for "
+               f"{', '.join(ended.waiting_for)})")
+    if ended.not_started:
+        click.echo(f"not started: {len(ended.not_started)} session(s) of share {ended.share}, e.g. {ended.not_started[0]}: "
+                   f"nothing was spent; {ended.again} to start them", err=True)
 
 
 def render_written(written: Written) -> None:

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
-from runner import layout
 from runner.clock import now
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
+from runner.share import WHOLE, Share
 from runner.store import Store
 
 log = logging.getLogger(__name__)
@@ -185,12 +185,13 @@ class Waiting:
     them) only note it in memory. A store error is logged and retried at the next change,
     never swallowed."""
 
-    def __init__(self, store: Store, campaign: str) -> None:
+    def __init__(self, store: Store, key: str) -> None:
+        """``key``: layout.waiting_key, the campaign's or its share's (one writer each)."""
         self._lock = threading.Lock()
         self._why: dict[str, WaitReason] = {}
         self._dirty = threading.Event()
         self._stop = threading.Event()
-        self._store, self._key = store, layout.waiting_key(campaign)
+        self._store, self._key = store, key
         self._thread = threading.Thread(target=self._run, name="waiting", daemon=True)
         self._thread.start()
 
@@ -342,9 +343,11 @@ class Executor(Protocol):
         """Refuse, before anything is journaled or spent, a place where a session cannot be
         confined as the contract requires (ConfinementError, exit 12) or cannot run (UserError)."""
 
-    def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
-        """Take up what an earlier run of this campaign left: release what belongs to attempts
-        already final, and return the attempts whose harness may still run (``run`` adopts them)."""
+    def prepare(self, plan: Plan, final: set[Live], share: Share = WHOLE) -> set[Live]:
+        """Take up what an earlier run of this campaign (of this ``share`` of it: runner/share.py)
+        left: release what belongs to attempts already final, and return the attempts whose
+        harness may still run (``run`` adopts them). What belongs to another share is not this
+        run's to touch."""
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store,
             keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]],

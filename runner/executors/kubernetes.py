@@ -71,6 +71,7 @@ from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
 from runner.settings import KubeSettings, Settings
+from runner.share import WHOLE, Share
 from runner.store import Store
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class KubernetesExecutor:
     token_secret: bytes | None = None  # what the gateway checks session tokens with (set by preflight)
     monitor: ConfinementMonitor | None = None  # the canary checks (started by prepare)
     waiting_room: int = 0  # kube.waiting_pods
+    share: str | None = None  # the name of the split campaign's share this run owns (set by prepare; None: whole)
     # Names of other NetworkPolicies that also select session pods (set by preflight).
     foreign_policies: Callable[[], list[str]] = lambda: []
 
@@ -148,11 +150,13 @@ class KubernetesExecutor:
         else:
             self.route = manifests.Route(self.settings.provider.base_url, proxy=url)
 
-    def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
-        """Start the watch; delete leftover pods of attempts that are already final; return the
-        (probe, session, attempt) of live pods, which ``run`` adopts."""
+    def prepare(self, plan: Plan, final: set[Live], share: Share = WHOLE) -> set[Live]:
+        """Start the watch (of this share's pods alone, where the campaign is split); delete
+        leftover pods of attempts that are already final; return the (probe, session, attempt)
+        of live pods, which ``run`` adopts."""
         k = self.settings.kube
-        sel = names.selector_string(names.selector(k.instance, names.SESSION_COMPONENT, plan.campaign))
+        self.share = None if share.whole else share.name
+        sel = names.selector_string(names.selector(k.instance, names.SESSION_COMPONENT, plan.campaign, self.share))
         self.cache = PodCache(self.kube, sel, self.observed.saw)
         self.cache.start()
         live = set()
@@ -168,7 +172,7 @@ class KubernetesExecutor:
         if k.canary_enabled:
             assert self.route is not None, "preflight() first"
             self.monitor = ConfinementMonitor(self.settings, self.kube, plan.campaign, self.route, self.foreign_policies,
-                                              self.token_secret)
+                                              self.token_secret, share)
             self.monitor.start()
         return live
 
@@ -196,7 +200,7 @@ class KubernetesExecutor:
         the delivery's end, the entry point's and the reader's own stamps, and the collection's."""
         assert self.cache is not None and self.route is not None, "preflight() and prepare() first"
         manifest = manifests.session_pod(self.settings, plan, probe.id, keys.session, keys.attempt, probe.task,
-                                         self._route_of(keys, plan.model))
+                                         self._route_of(keys, plan.model), self.share)
         name = manifest["metadata"]["name"]
         try:
             return self._run(name, manifest, plan, sealed, scratch, store, keys, also_collect, started, slot)

@@ -71,6 +71,7 @@ from runner.plan import Plan, Probe
 from runner.sandbox import CONFIG_DIR, WORKSPACE
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
+from runner.share import WHOLE, Share
 from runner.store import Store
 
 LOG_DIR = "/run/probe/log"  # the log directory inside the sandbox (PROBE_LOG_DIR names it)
@@ -260,7 +261,7 @@ class LocalExecutor:
             raise ConfinementError(f"bubblewrap cannot confine a session here ({err[-1] if err else 'exit ' + str(done.returncode)}); none runs")
         self.harness_version = done.stdout.decode(errors="replace").strip()
 
-    def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
+    def prepare(self, plan: Plan, final: set[Live], share: Share = WHOLE) -> set[Live]:
         """Start the run's provider gateway on loopback (where the key is given as
         provider.api_key and gateway.enabled); nothing outlives a local run, so nothing is
         adopted: a session whose runner died died with it."""

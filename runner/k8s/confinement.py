@@ -31,6 +31,7 @@ from runner.gateway import tokens
 from runner.k8s import canary, manifests, names, podstate, policy
 from runner.k8s.api import Kube
 from runner.settings import KubeSettings, Settings
+from runner.share import WHOLE, Share
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,6 +101,7 @@ class ConfinementMonitor:
     route: manifests.Route  # the session pods' one route (no token: each check's canary gets its own)
     foreign_policies: Callable[[], list[str]]  # names of policies that also select sessions
     token_secret: bytes | None = None  # the gateway's signing key: the canary then asks it as a session would
+    share: Share = WHOLE  # the split campaign's share it checks for: its checks' numbers are its own (Share.check_number)
     checks: list[Check] = field(default_factory=list)
     halted: Halt | None = None  # why no further session may start, and whether the key is why
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -129,7 +131,7 @@ class ConfinementMonitor:
     def check(self) -> Check:
         """Run one check to its end (bounded by kube.canary_timeout_seconds)."""
         with self._lock:
-            number = len(self.checks) + 1
+            number = self.share.check_number(len(self.checks) + 1)
         at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         settled = None
         try:
@@ -162,7 +164,7 @@ class ConfinementMonitor:
     def _run_canary(self, number: int) -> tuple[list[canary.Result], float | None]:
         k = self.settings.kube
         pod = manifests.canary_pod(self.settings, self.campaign, number, canary.encode(self.routes()),
-                                   self._route_of(number))
+                                   self._route_of(number), None if self.share.whole else self.share.name)
         name = pod["metadata"]["name"]
         selector = names.selector_string(pod["metadata"]["labels"])
         if not self.kube.create_pod(pod):  # left by an earlier run of this campaign
@@ -218,7 +220,7 @@ class ConfinementMonitor:
                 found = self.check()
             except Exception as e:  # noqa: BLE001 - never die silently: a monitor that stopped is a halt
                 log.exception("confinement monitor failed")
-                found = Check(len(self.checks) + 1, "", [], f"the confinement monitor failed: {e}")
+                found = Check(self.share.check_number(len(self.checks) + 1), "", [], f"the confinement monitor failed: {e}")
             if not found.passed:
                 self.halted = Halt(f"confinement check {found.number} at {found.at}: {found.problem}", found.key_refused)
                 log.error("%s: no further session is started", self.halted.why, extra={"campaign": self.campaign})

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runner.errors import EXIT_BUDGET, EXIT_CONFINEMENT, EXIT_USAGE
 from runner.k8s import names
 from runner.k8s.manifests import container_security
 from runner.settings import BudgetSettings, Settings, settings_over
@@ -38,7 +39,7 @@ from runner.settings import BudgetSettings, Settings, settings_over
 TRANSFORM_COMPONENT = "transform"
 BACKOFF_LIMIT = 3
 TTL_SECONDS = 7 * 24 * 3600  # finished Jobs stay a week for `kubectl logs`; the record is in the bucket
-FINAL_EXIT_CODES = [2, 3, 12]  # bad input, over budget, unconfined: a retry meets the same
+FINAL_EXIT_CODES = [EXIT_USAGE, EXIT_BUDGET, EXIT_CONFINEMENT]  # bad input, over budget, unconfined: a retry meets the same
 SCRATCH = "/tmp"
 # The Job's own name and uid, from the labels the Job controller puts on its pods: the owner of
 # the session pods the controller creates (settings kube.owner_job, kube.owner_uid).
@@ -80,8 +81,29 @@ def controller_job(settings: Settings, campaign: str, budget: BudgetSettings | N
         flags += ["--session-budget-usd", str(budget.session_usd)]
     for session in resume or []:
         flags += ["--resume", session]
-    return _runner_job(settings, campaign, "resume" if resume else "controller", names.CONTROLLER_COMPONENT,
-                       ["probe-runner", "controller", "--campaign", campaign, *flags], api_access=True)
+    shares = 1 if resume else settings.kube.controllers  # a resume Job runs its few sessions in one pod
+    if shares > 1:  # each pod's index (JOB_COMPLETION_INDEX, from the Job controller) is its share
+        flags += ["--shares", str(shares)]
+    job = _runner_job(settings, campaign, "resume" if resume else "controller", names.CONTROLLER_COMPONENT,
+                      ["probe-runner", "controller", "--campaign", campaign, *flags], api_access=True)
+    return job if shares == 1 else indexed(job, shares)
+
+
+def indexed(job: dict[str, Any], shares: int) -> dict[str, Any]:
+    """``job`` as an Indexed Job of ``shares`` pods at once, one per share of the campaign
+    (runner/share.py). Each index is retried on its own (backoffLimitPerIndex), so a lost
+    controller delays its share alone; exit 3 (over its part of the budget) fails its index
+    alone, where bad input and an unconfined cluster, which every share meets, fail the Job."""
+    spec = {k: v for k, v in job["spec"].items() if k != "backoffLimit"}
+    action = job["spec"]["template"]["spec"]["containers"][0]["name"]
+    spec["podFailurePolicy"] = {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": action, "operator": "In",
+                                              "values": [c for c in FINAL_EXIT_CODES if c != EXIT_BUDGET]}},
+        {"action": "FailIndex", "onExitCodes": {"containerName": action, "operator": "In", "values": [EXIT_BUDGET]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]}
+    return {**job, "spec": {"completionMode": "Indexed", "completions": shares, "parallelism": shares,
+                            "backoffLimitPerIndex": BACKOFF_LIMIT, **spec}}
 
 
 def job_command(job: dict[str, Any]) -> list[str]:

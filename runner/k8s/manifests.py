@@ -172,11 +172,13 @@ GVISOR_SOCKET_SHARED = {f"dev.gvisor.spec.mount.socket.{field}": value
 
 
 def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attempt: int, task: str,
-                route: Route) -> dict[str, Any]:
-    """The pod of one session attempt, reaching the provider by ``route``."""
+                route: Route, share: str | None = None) -> dict[str, Any]:
+    """The pod of one session attempt, reaching the provider by ``route``; labelled with
+    ``share``, the name of the split campaign's share that owns it (runner/share.py)."""
     k = settings.kube
     r = k.resources
-    labels = names.session_labels(k.instance, plan.campaign, probe, session, attempt)
+    labels = {**names.session_labels(k.instance, plan.campaign, probe, session, attempt),
+              **({names.SHARE: share} if share is not None else {})}
     volumes = [
         {"name": "workspace", "emptyDir": {"sizeLimit": r.ephemeral_storage_limit}},
         {"name": "config", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
@@ -295,8 +297,10 @@ def canary_session(check: int) -> str:
     return f"check-{check}"
 
 
-def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, route: Route) -> dict[str, Any]:
-    """The confinement canary of check number ``check`` (runner/k8s/canary.py): a session pod's
+def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, route: Route,
+               share: str | None = None) -> dict[str, Any]:
+    """The confinement canary of check number ``check`` (runner/k8s/canary.py; of the split
+    campaign's ``share``, labelled so, as its session pods are): a session pod's
     labels, image, uid, security context and route (through the gateway, the check's own token,
     limited to $0, where ``route`` has one),
     running the canary instead of the harness, bounded by ``activeDeadlineSeconds``;
@@ -340,7 +344,8 @@ def canary_pod(settings: Settings, campaign: str, check: int, routes_b64: str, r
             "name": canary_pod_name(k.instance, campaign, check),
             "namespace": k.namespace,
             **_owned(k),
-            "labels": names.session_labels(k.instance, campaign, CANARY_PROBE, canary_session(check), 1),
+            "labels": {**names.session_labels(k.instance, campaign, CANARY_PROBE, canary_session(check), 1),
+                       **({names.SHARE: share} if share is not None else {})},
             "annotations": {names.CAMPAIGN: campaign, names.CANARY: str(check)},
         },
         "spec": spec,

@@ -29,6 +29,7 @@ CAMPAIGN = f"{GROUP}/campaign"
 PROBE = f"{GROUP}/probe"
 SESSION = f"{GROUP}/session"
 ATTEMPT = f"{GROUP}/attempt"
+SHARE = f"{GROUP}/share"  # a split campaign's share that owns the pod (runner/share.py); absent where whole
 CANARY = f"{GROUP}/canary"  # annotation only: the number of the confinement check a canary pod runs
 METER_PREFIX = f"meter.{GROUP}"  # <this>/<gateway pod>: an annotation of an attempt's Lease, that gateway's meter
 
@@ -80,11 +81,14 @@ def component_labels(instance: str, component: str) -> dict[str, str]:
     return {NAME: APP, INSTANCE: instance, COMPONENT: component, PART_OF: APP, MANAGED_BY: APP}
 
 
-def selector(instance: str, component: str, campaign: str | None = None) -> dict[str, str]:
-    """The matchLabels every watch, list and NetworkPolicy uses for one component."""
+def selector(instance: str, component: str, campaign: str | None = None, share: str | None = None) -> dict[str, str]:
+    """The matchLabels every watch, list and NetworkPolicy uses for one component (of one
+    campaign's share: its controller watches its own pods alone)."""
     sel = {NAME: APP, INSTANCE: instance, COMPONENT: component}
     if campaign is not None:
         sel[CAMPAIGN] = label_value(campaign)
+    if share is not None:
+        sel[SHARE] = share
     return sel
 
 

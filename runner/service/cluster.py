@@ -14,6 +14,7 @@ from runner.k8s.api import Kube
 from runner.plan import Plan
 from runner.service.stored import mark_run, stored_campaign
 from runner.settings import Settings
+from runner.share import Share
 from runner.store import Store
 
 
@@ -70,6 +71,8 @@ def submit(settings: Settings, plan_file: Path, corpus: Path, store_flag: str | 
     if not install.store.startswith("s3://"):
         raise UserError(f"store {install.store}: the controller Job runs in the cluster and reads the campaign from the "
                         "bucket; the install needs an s3:// store (the chart's bucket.store)")
+    shares = install.kube.controllers
+    Share(0, shares).concurrency(install.concurrency)  # refused here, not in a failed Job
     store = open_store(install.store, install)
     store_plan(store, parsed)
     corpus_digest = store_corpus(store, parsed.campaign, corpus)

@@ -26,6 +26,7 @@ from runner.phases import FirstReply
 from runner.plan import Plan, Probe
 from runner.seal import SealedWorkspace
 from runner.settings import Settings
+from runner.share import WHOLE, Share
 from runner.store import Store
 
 _READ_CHUNK = 1 << 16
@@ -51,7 +52,7 @@ class PlainExecutor:
         done = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60, check=False)
         self.harness_version = done.stdout.strip() or None
 
-    def prepare(self, plan: Plan, final: set[Live]) -> set[Live]:
+    def prepare(self, plan: Plan, final: set[Live], share: Share = WHOLE) -> set[Live]:
         return set()  # nothing of this executor outlives its process
 
     def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,

@@ -44,7 +44,7 @@ class AsideExecutor:
 
     def preflight(self) -> None: ...
 
-    def prepare(self, plan, final):
+    def prepare(self, plan, final, share):
         return set()
 
     def halted(self):
