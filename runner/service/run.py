@@ -149,7 +149,10 @@ def _run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str, p
                 return CampaignRun(plan.campaign, report, ended, interrupted, stop)
         transcripts = run_transform(store, plan, settings.transform.workers, settings.transform.parallel_min_bytes)
         if stop is not None:  # after the transform: a watch that ends on it finds the transcripts
-            record_stop(store, plan, stop.why, exit_status(stop.outcome), report.ledger_read)
+            # the ledger as the run leaves it: a share's reading of its own sessions is not the campaign's
+            read = report.ledger_read if share.whole else sessions_digest(
+                Ledger(store, plan.campaign).sessions(), [spec.key for spec in plan.sessions()])
+            record_stop(store, plan, stop.why, exit_status(stop.outcome), read)
         return CampaignRun(plan.campaign, report, written(store, plan, transcripts, report.remedies.again), interrupted,
                            stop)
 

@@ -32,7 +32,9 @@ import runner.k8s.api as k8s_api
 from runner import cli, demo
 from runner.k8s import jobs, names
 from runner.ledger import Ledger
+from runner.plan import parse_plan
 from runner.settings import Settings
+from runner.share import Share
 from runner.store import open_store
 from tests.support.helm import CHART, by_kind, helm, render, settings_of, values_of
 from tests.support.waiting import until
@@ -601,3 +603,147 @@ def _refused(variants: dict, good: dict, namespace: str, as_controller, kube_clu
             assert time.monotonic() < deadline, f"{what}: admitted"
             pod["metadata"]["name"] += "x"
             time.sleep(1)
+
+
+def _kubeconfig(identity: client.Configuration, namespace: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as ``identity`` (the controller ServiceAccount's token):
+    what a controller process outside the test's own reads, as its pod reads its mounted token."""
+    token = identity.api_key["authorization"].removeprefix("Bearer ")
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": identity.host, "certificate-authority": identity.ssl_ca_cert}}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": namespace}}]}))
+    return path
+
+
+def test_a_campaign_split_across_an_indexed_job_survives_a_killed_controller(kube_cluster, install, bucket,
+                                                                             controller_identity, sim_root, tmp_path,
+                                                                             monkeypatch):
+    """Issue 32, item 5: "split a campaign across controllers as an Indexed Job, each index owning
+    a fixed share of the sessions, the ledger's guarantees kept (no session twice, every session
+    once, one verifiable export), and a controller's loss only delaying its share"; done means
+    "tested on the cluster tier with a controller killed mid-run".
+
+    The operator sets controller.controllers to 2; a submitted campaign of 8 sessions is then an
+    Indexed Job of 2 pods, to which the Job controller gives indexes 0 and 1. Each index's work
+    runs as its pod would (the install's settings, the Job's identity and index, the controller
+    ServiceAccount's token), each a process. Controller 1 is SIGKILLed while a session of its
+    share runs; controller 0 finishes its share meanwhile and leaves the transform to the last;
+    controller 1, started again as the Job controller would, adopts its pod and finishes."""
+    namespace, release, _ = install
+    endpoint, _ = bucket
+    api = kube_cluster.api_client()
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    user = _user_env(kube_cluster, install, bucket, tmp_path)
+    settings_map = jobs.settings_config_map(release)
+    before = core.read_namespaced_config_map(settings_map, namespace).data
+    core.patch_namespaced_config_map(settings_map, namespace, {"data": {"RUNNER_KUBE__CONTROLLERS": "2"}})
+    try:
+        campaign = f"split-{secrets.token_hex(3)}"
+        plan = json.loads(demo.PLAN.read_text())
+        plan.update(campaign=campaign, repetitions=2)  # 2 probes x 2 arms x 2: 8 sessions, 4 a share
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
+        submitted = _cli(user, "submit", str(tmp_path / "plan.json"), "--corpus", str(demo.CORPUS))
+        assert submitted.returncode == 0, submitted.stderr
+
+        # ---- the Indexed Job, as the API server and its Job controller take it
+        job = batch.read_namespaced_job(jobs.job_name(campaign), namespace)
+        assert (job.spec.completion_mode, job.spec.completions, job.spec.parallelism, job.spec.backoff_limit_per_index) == (
+            "Indexed", 2, 2, jobs.BACKOFF_LIMIT)
+        command = job.spec.template.spec.containers[0].command
+        assert command == ["probe-runner", "controller", "--campaign", campaign, "--shares", "2"]
+
+        def index_pods() -> list[client.V1Pod] | None:
+            found = core.list_namespaced_pod(namespace, label_selector=f"job-name={job.metadata.name}").items
+            return found if len(found) >= 2 else None
+
+        pods = until(index_pods, 30, "both indexes' pods", interval=0.3)
+        indexes = {p.metadata.annotations["batch.kubernetes.io/job-completion-index"] for p in pods}
+        assert indexes == {"0", "1"}
+        assert all("JOB_COMPLETION_INDEX" in {e.name for e in p.spec.containers[0].env} for p in pods)
+
+        # ---- each index's work as its pod would do it
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
+        env.update(core.read_namespaced_config_map(settings_map, namespace).data, **BUCKET_ENV,
+                   RUNNER_KUBE__KUBECONFIG=str(_kubeconfig(controller_identity, namespace, tmp_path / "kubeconfig")),
+                   # The Job's uid names the split run (its shares' end markers). Not its name: session pods
+                   # would then be the Job's, and KWOK completes a Job's pods at once, taking them from SimNode.
+                   RUNNER_KUBE__OWNER_UID=job.metadata.uid)
+
+        logs: list[Path] = []
+
+        def controller(index: int) -> subprocess.Popen[str]:
+            logs.append(tmp_path / f"controller-{index}.{len(logs)}.log")
+            return subprocess.Popen([sys.executable, "-m", "runner", *command[1:]], text=True, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=open(logs[-1], "w"),
+                                    env={**env, "JOB_COMPLETION_INDEX": str(index), "RUNNER_LOG__LEVEL": "info",
+                                         "RUNNER_LOCAL__WORKDIR": str(tmp_path / f"controller-{index}"),
+                                         # pods have an address each; two processes on this host do not
+                                         "RUNNER_METRICS__PORT": "0"})
+
+        for k, v in BUCKET_ENV.items():
+            monkeypatch.setenv(k, v)
+        store = open_store("s3://probes", Settings(store="s3://probes", s3={"endpoint_url": endpoint, "region": "us-east-1"}))
+        shares = [[s.key for s in Share(i, 2).sessions(parse_plan(plan, "plan"))] for i in range(2)]
+        real = sim_root / "shared" / "real.jsonl"
+        real.write_bytes(REAL_STREAM.read_bytes())
+        real.chmod(0o644)
+        slow = ["sh", "-c", 'sleep 3; exec cat "$0"', str(real)]  # each harness runs 3 s: long enough to be killed in
+        with SessionNode(api, namespace, sim_root, slow, harness_binds=(str(sim_root / "shared"),)) as sim:
+            first, second = controller(0), controller(1)
+
+            def running_in_share_1() -> str | None:
+                states = Ledger(store, campaign).sessions()
+                return next((k for k in shares[1] if k in states and states[k].status == "started"), None)
+
+            killed_in = until(running_in_share_1, 120, "a session of share 1 started", interval=0.2)
+            # Its pods carry its share's label: its watch selects them alone.
+            labelled = core.list_namespaced_pod(namespace, label_selector=f"{names.SHARE}=1-of-2").items
+            assert labelled and {f"{p.metadata.annotations[names.PROBE]}/{p.metadata.annotations[names.SESSION]}"
+                                 for p in labelled} <= set(shares[1])
+            second.kill()
+            second.wait(30)
+
+            def ended(proc: subprocess.Popen[str], log: Path) -> tuple[str, str]:
+                """Its stdout and log, once it has ended; what the pods and the node show where it does not."""
+                try:
+                    return proc.communicate(timeout=180)[0], log.read_text()
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    shown = kube_cluster.kubectl("-n", namespace, "get", "pods", "-o", "wide", check=False).stdout
+                    raise AssertionError(f"{log.name} did not end:\n{log.read_text()[-3000:]}\npods:\n{shown}\n"
+                                         f"node errors: {sim.errors}") from None
+
+            out, err = ended(first, logs[0])
+            # Controller 0 finished its share while controller 1 was down: the loss delayed share 1 alone.
+            assert first.returncode == 0, err
+            assert "share 0-of-2 ended; the transform runs when the last share ends (waiting for 1-of-2)" in out, out + err
+            states = Ledger(store, campaign).sessions()
+            assert {states[k].status for k in shares[0]} == {"succeeded"}
+            assert states[killed_in].status == "started"  # no outcome while its controller is gone
+            assert not store.exists(f"campaigns/{campaign}/transformed.json")
+            # Started again, as the Job controller starts a failed index's pod again.
+            again = controller(1)
+            out, err = ended(again, logs[-1])
+            assert not sim.errors, sim.errors
+        assert again.returncode in (0, 12), err  # 12: intake may refuse the replayed stream's sessions; all ran
+        ledger = Ledger(store, campaign)
+        states = ledger.sessions()
+        assert sorted(states) == sorted(shares[0] + shares[1]) and {s.status for s in states.values()} == {"succeeded"}
+        intents = [(e["session"], e["attempt"]) for e in ledger.entries if e["type"] == "intent"]
+        assert len(intents) == len(set(intents)) == 8 and {a for _, a in intents} == {1}  # every session once
+        assert len(sim.created) == 8 and all(len(uids) == 1 for uids in sim.created.values())  # no pod made twice
+        assert all(len(runs) == 1 for runs in sim.harness_runs.values()) and len(sim.harness_runs) == 8
+        # One journal for the whole campaign: its chain verifies, and one export holds every entry.
+        assert ledger.verify() == []
+        verified = _cli(user, "ledger", "verify", campaign)
+        assert verified.returncode == 0, verified.stderr
+        exported = _cli(user, "ledger", "export", campaign)
+        assert exported.returncode == 0 and len(exported.stdout.splitlines()) == len(ledger.entries), exported.stderr
+        # The last share ran the transform over every session: status finds the transcripts ready.
+        status = json.loads(_cli(user, "status", campaign, "--json").stdout)
+        assert status["sessions"] == {"succeeded": 8} and status["transcripts"]["ready"], status
+    finally:
+        core.patch_namespaced_config_map(settings_map, namespace,
+                                         {"data": {"RUNNER_KUBE__CONTROLLERS": before["RUNNER_KUBE__CONTROLLERS"]}})

@@ -203,3 +203,38 @@ def test_a_campaign_whose_budget_starts_nothing_says_its_transcripts_hold_no_ses
     status = cli("status", "demo", env=env)
     assert "transcripts: ready" not in status.stdout, status.stdout
     assert "of no session: none has ended" in status.stdout, status.stdout
+
+
+def test_shares_run_at_once_never_reserve_more_than_the_campaigns_budget_together(tmp_path, env):
+    """Issue 15's rule across controllers (issue 32, item 5; the guide: "spend twice its limit
+    across replicas"): "No session starts whose reservation would take spent + reserved past the
+    campaign budget." Two processes each run one share of 4 sessions at once under $2.55. Had
+    each held the whole budget, each would run both its sessions, and both shares' second
+    reservations ($0.4536 + $1.25 each) would be out together: $3.41. Each holds its part,
+    $1.275 (2 of 4 sessions): one reservation, then its second no longer fits, and it stops
+    over its part (exit 3). Read back from the one ledger in its order, spent + reserved never
+    passes $2.55, and the last share to end records the campaign's stop."""
+    plan = _plan(tmp_path, 4)
+    run = [sys.executable, "-m", "runner", "run", str(plan), "--corpus", str(CORPUS), "--concurrency", "2",
+           "--budget-usd", "2.55", "--shares", "2", "--share-index"]
+    procs = [subprocess.Popen([*run, str(i)], env={**env, "RUNNER_LOCAL__WORKDIR": str(tmp_path / f"work-{i}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == EXIT_BUDGET, err
+        assert "this controller's part of the campaign's budget ($1.2750 of $2.5500" in err and "Traceback" not in err
+    ledger = _ledger(tmp_path)
+    states = ledger.sessions()
+    ran = sorted(k for k, s in states.items() if s.status == "succeeded")
+    assert ran == ["HW-PRB-0007/present-001", "HW-PRB-0007/present-002"] and len(states) == 2  # one of each share
+    reserved = spent = Decimal(0)
+    for e in ledger.entries:  # the books at every point of the journal, both shares' entries together
+        if e["type"] == "start":
+            assert e["campaign_usd"] == "2.55" and e["reserved_usd"] == "1.25"
+            reserved += RESERVATION
+        elif e["type"] == "outcome":
+            reserved, spent = reserved - RESERVATION, spent + Decimal(e["detail"]["cost_usd"])
+        assert spent + reserved <= Decimal("2.55")
+    assert ledger.verify() == []
+    status = json.loads(cli("status", "demo", "--json", env=env).stdout)
+    assert status["stopped"]["exit"] == EXIT_BUDGET and status["transcripts"]["ready"], status

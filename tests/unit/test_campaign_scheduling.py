@@ -199,3 +199,35 @@ def test_a_session_waiting_for_the_budget_says_so_in_status(tmp_path):
                   "for less; a session reserves $7.0000",
         "phase": "budget_held", "since": why["since"]}
     assert after == {}
+
+
+def test_the_sessions_waiting_in_every_share_of_a_split_campaign_are_listed(tmp_path):
+    """Issue 32, item 5 with issue 31, item 2 ("a session waiting says in which phase and why"):
+    each share's run writes its own waiting record (one writer each), and status lists what
+    waits in every share, not in one."""
+    from runner import layout
+    from runner.share import Share
+    from runner.status import campaign_status
+    from tests.support.waiting import until
+
+    data = json.loads(demo.PLAN.read_text())
+    data.update(probes=data["probes"][:1], arms=["present"], repetitions=4)
+    plan = parse_plan(data, "plan")
+    store = FileStore(tmp_path / "store")
+    executors = [HeldExecutor(), HeldExecutor()]
+    threads = [threading.Thread(target=run_sessions, args=(plan, demo.CORPUS, store, executors[i], tmp_path / f"work{i}", 1, []),
+                                kwargs={"share": Share(i, 2)}, daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        until(lambda: len(campaign_status(store, plan, {}).waiting) == 2, timeout=30, what="a session waiting in each share")
+        waiting = campaign_status(store, plan, {}).waiting
+        assert [e.runs for e in executors] == [1, 1]
+    finally:
+        for e in executors:
+            e.release.set()
+        for t in threads:
+            t.join(60)
+    assert sorted(waiting) == sorted([Share(0, 2).sessions(plan)[1].key, Share(1, 2).sessions(plan)[1].key])
+    assert {w["phase"] for w in waiting.values()} == {"slot_held"}
+    assert store.list(layout.waiting_prefix(plan.campaign)) == [layout.waiting_key(plan.campaign, f"{i}-of-2") for i in range(2)]
