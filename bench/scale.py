@@ -24,7 +24,7 @@ Per run it prints:
 - whether every session succeeded once: one harness run per pod, one pod per session, every
   session at attempt 1, the ledger's chain intact;
 - the control plane's share apart from the controller's (issue 32, item 4): each control-plane
-  process's CPU seconds over the run and its busiest 5 s (from /proc/PID/stat, sampled), the API
+  process's CPU seconds over the run (and the bench's own: SimNode) and its busiest 5 s (from /proc/PID/stat, sampled), the API
   server's p50/p99 for reads and writes (``apiserver_request_duration_seconds``, its buckets'
   bounds), etcd's WAL fsync and backend commit p99, every client's requests answered 429 or 5xx
   (the audit log), any control-plane process that ended; the controller's most threads.
@@ -77,6 +77,7 @@ from runner.store.file import FileStore  # noqa: E402
 
 REAL_STREAM = REPO / "tests" / "data" / "claude-code-2.1.197" / "read-write-answer.jsonl"
 CPU_GOAL, RSS_GOAL, FLAT_GOAL = 0.15, 300.0, 0.10
+PODS_PER_NODE = 110  # each simulated node's pod limit (the kubelet's default)
 
 
 @dataclass
@@ -266,7 +267,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
             "--executor", "kubernetes", "--concurrency", str(concurrency)]
     offset = cluster.audit_offset()
     served = _served(cluster)
-    pids = _plane_pids(cluster)
+    pids = {**_plane_pids(cluster), "bench": os.getpid()}  # the bench: SimNode's threads, the samplers
     metrics_before = _metrics(cluster)
     sim_root = base / f"sim-{label}"
     sim_root.mkdir(mode=0o755)
@@ -410,7 +411,8 @@ def report(runs: list[Run]) -> None:
               f"{r.threads:>8}{r.plane.get('kube-apiserver', 0.0):>12.0f} / {r.plane.get('etcd', 0.0):<7.0f}"
               f"  {'; '.join(r.problems) or 'none'}")
     for r in runs:  # the control plane's share of each run, apart from the controller's
-        plane = ", ".join(f"{name} {r.plane[name]:.0f} s (busiest 5 s: {r.plane_peak.get(name, 0.0):.2f} cores)" for name in PLANE if name in r.plane)
+        plane = ", ".join(f"{name} {r.plane[name]:.0f} s (busiest 5 s: {r.plane_peak.get(name, 0.0):.2f} cores)"
+                          for name in (*PLANE, "bench") if name in r.plane)
         latency = ", ".join(f"{group} {p50:g} / {p99:g} s" for group, (p50, p99) in r.latency.items())
         etcd = ", ".join(f"{name.split('_')[2]} {p99:g} s" for name, p99 in r.etcd.items())
         print(f"  {r.label}: CPU over {r.wall:.0f} s: controller {r.cpu:.0f} s, {plane}; API server p50 / p99 (bucket bounds): "
@@ -441,6 +443,9 @@ def main() -> int:
                          "a wave that does not end is a failure")
     args = ap.parse_args()
     extra = dict(e.split("=", 1) for e in args.env)
+    most = max([args.concurrency, args.restart, *[int(x) for x in args.sweep.split(",") if x.strip()]])
+    if most > args.nodes * PODS_PER_NODE:
+        ap.error(f"{most} sessions at once do not fit on {args.nodes} nodes of {PODS_PER_NODE} pods: raise --nodes")
 
     bin_dir = run_build()
     base = Path(tempfile.mkdtemp(prefix="bs-", dir="/tmp"))
@@ -449,7 +454,10 @@ def main() -> int:
     stream.write_bytes(as_in_pod(REAL_STREAM.read_bytes()))
     runs: list[Run] = []
     with start_cluster(bin_dir, base / "kwok") as cluster:
-        cluster.add_nodes(args.nodes, prefix="scale")
+        # CPU enough for the pod limit: at the default 32 CPUs a node held 58 session pods (550m
+        # each, the reader's and the harness's requests), so 50 nodes held 2,900 and a wave of
+        # 3,000 left its last pods unschedulable.
+        cluster.add_nodes(args.nodes, prefix="scale", cpu="128", pods=str(PODS_PER_NODE))
         small = max(1, args.concurrency // 5)
         if not args.sweep_only:
             runs.append(one_run(cluster, base, stream, "baseline", args.baseline_sessions, small, args.seconds, extra))
