@@ -271,3 +271,44 @@ def test_doctor_measures_the_installs_confinement_with_a_canary(install, tmp_pat
     states = {c["name"]: (c["image"], "running" in c["state"]) for c in pod["status"]["containerStatuses"]}
     assert sorted(states.values()) == [("ghcr.io/probe-runner/harness:0.1.0", True),
                                        ("ghcr.io/probe-runner/runner:0.1.0", True)], states
+
+
+def test_a_campaign_split_across_two_controllers_runs_in_real_pods(install, tmp_path):
+    """Issue 32, item 5 on a real kubelet: with controller.controllers at 2, the campaign's Job is
+    an Indexed Job whose two pods, real containers of the runner image, each take their share
+    from JOB_COMPLETION_INDEX as the Job controller sets it; one share ends and says the
+    transform is the last's, the last runs it, and every session ran once."""
+    from kubernetes import client
+
+    node, user = install.node, install.settings_env(tmp_path)
+    core = client.CoreV1Api(node.api_client())
+    settings_map = jobs.settings_config_map(install.release)
+    before = core.read_namespaced_config_map(settings_map, install.namespace).data["RUNNER_KUBE__CONTROLLERS"]
+    core.patch_namespaced_config_map(settings_map, install.namespace, {"data": {"RUNNER_KUBE__CONTROLLERS": "2"}})
+    try:
+        campaign = f"split-{secrets.token_hex(3)}"
+        plan = json.loads(demo.PLAN.read_text())
+        plan.update(campaign=campaign, repetitions=1)  # 2 probes x 2 arms: 2 sessions a share
+        (tmp_path / "plan.json").write_text(json.dumps(plan))
+        submitted = _cli(user, "submit", str(tmp_path / "plan.json"), "--corpus", str(demo.CORPUS))
+        assert submitted.returncode == 0, submitted.stderr
+        job = jobs.job_name(campaign)
+        watched = _cli(user, "status", campaign, "--watch", "--interval", "2", timeout=900)
+        assert watched.returncode == 0, watched.stderr + node.kubectl("-n", install.namespace, "get", "pods").stdout
+        bars = [line for line in watched.stdout.splitlines() if line.startswith("[")]
+        assert bars[-1].startswith("[########################] 4/4 final, 0 running"), watched.stdout
+        assert bars[-1].endswith(", transcripts ready"), watched.stdout
+        node.kubectl("-n", install.namespace, "wait", "--for=condition=complete", f"job/{job}", "--timeout=120s")
+        pods = json.loads(node.kubectl("-n", install.namespace, "get", "pods", "-l", f"job-name={job}", "-o",
+                                       "json").stdout)["items"]
+        assert sorted(p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] for p in pods) == ["0", "1"]
+        assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
+        said = [node.kubectl("-n", install.namespace, "logs", p["metadata"]["name"]).stdout for p in pods]
+        # Each ran its own 2 sessions; the first to end left the transform to the other, or both ended at once.
+        assert all(text.count("succeeded") >= 2 for text in said), said
+        ended_first = [text for text in said if "ended; the transform runs when the last share ends" in text]
+        assert len(ended_first) <= 1, said
+        status = json.loads(_cli(user, "status", campaign, "--json").stdout)
+        assert status["sessions"] == {"succeeded": 4} and status["transcripts"]["ready"], status
+    finally:
+        core.patch_namespaced_config_map(settings_map, install.namespace, {"data": {"RUNNER_KUBE__CONTROLLERS": before}})
