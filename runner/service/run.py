@@ -90,9 +90,7 @@ class CampaignRun:
 def written(store: Store, plan: Plan, report: TransformReport, again: str = RUN_AGAIN) -> Written:
     """What ``report``'s transform leaves: the sessions the ledger says never started and
     whether any is still started, and so the outcome."""
-    states = Ledger(store, plan.campaign).sessions()
-    waiting = [spec.key for spec in plan.sessions() if spec.key not in states or states[spec.key].status == "intended"]
-    unfinished = any(s.status == "started" for s in states.values())
+    waiting, unfinished = _left(store, plan, plan.sessions())
     return Written(plan.campaign, store.uri, plan.tier.value, report, waiting, again, written_outcome(bool(waiting), unfinished, bool(report.refusals)))
 
 
@@ -144,8 +142,9 @@ def _run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str, p
         if not share.whole:
             stop, others = _share_ended(store, plan, share, settings.kube.owner_uid or "local", stop)
             if others:  # not the last share: its own sessions decide how it ends
-                not_started, outcome = _left(store, plan, share.sessions(plan))
-                ended = ShareEnded(share.name, not_started, report.remedies.again, outcome, others)
+                not_started, unfinished = _left(store, plan, share.sessions(plan))
+                ended = ShareEnded(share.name, not_started, report.remedies.again,
+                                   written_outcome(bool(not_started), unfinished, False), others)
                 return CampaignRun(plan.campaign, report, ended, interrupted, stop)
         transcripts = run_transform(store, plan, settings.transform.workers, settings.transform.parallel_min_bytes)
         if stop is not None:  # after the transform: a watch that ends on it finds the transcripts
@@ -157,13 +156,11 @@ def _run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str, p
                            stop)
 
 
-def _left(store: Store, plan: Plan, sessions: list[SessionSpec]) -> tuple[list[str], Outcome]:
-    """Of ``sessions``: those the ledger says never started, and what they come to (UNFINISHED
-    while any is not started or still started, else DONE)."""
+def _left(store: Store, plan: Plan, sessions: list[SessionSpec]) -> tuple[list[str], bool]:
+    """Of ``sessions``: those the ledger says never started, and whether any is still started."""
     states = Ledger(store, plan.campaign).sessions()
     waiting = [spec.key for spec in sessions if spec.key not in states or states[spec.key].status == "intended"]
-    unfinished = any(states[spec.key].status == "started" for spec in sessions if spec.key in states)
-    return waiting, written_outcome(bool(waiting), unfinished, False)
+    return waiting, any(states[spec.key].status == "started" for spec in sessions if spec.key in states)
 
 
 def _share_ended(store: Store, plan: Plan, share: Share, run: str, stop: Stop | None) -> tuple[Stop | None, list[str]]:
