@@ -220,9 +220,9 @@ def test_the_sessions_waiting_in_every_share_of_a_split_campaign_are_listed(tmp_
     for t in threads:
         t.start()
     try:
-        until(lambda: len(campaign_status(store, plan, {}).waiting) == 2, timeout=30, what="a session waiting in each share")
+        until(lambda: [e.runs for e in executors] == [1, 1] and len(campaign_status(store, plan, {}).waiting) == 2,
+              timeout=30, what="a session running and one waiting in each share")
         waiting = campaign_status(store, plan, {}).waiting
-        assert [e.runs for e in executors] == [1, 1]
     finally:
         for e in executors:
             e.release.set()
