@@ -45,6 +45,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -72,6 +73,7 @@ from runner.clock import timestamp  # noqa: E402
 from runner.k8s import manifests  # noqa: E402
 from runner.k8s.api import USER_AGENT  # noqa: E402
 from runner.ledger import Ledger  # noqa: E402
+from runner.plan import MAX_REPETITIONS  # noqa: E402
 from runner.settings import KubeSettings  # noqa: E402
 from runner.store.file import FileStore  # noqa: E402
 
@@ -222,6 +224,35 @@ def _stop(pid: int, run: Run, after: float) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def _plan_and_corpus(base: Path, path: Path, campaign: str, sessions: int) -> Path:
+    """Write the plan of ``sessions`` sessions; return the corpus it runs on. The demo's two
+    probes hold at most 3,996 sessions (999 repetitions of each arm), so a larger campaign runs on
+    a copy of the demo corpus whose probes are repeated under new ids and paths, as few as make
+    ``sessions`` a whole number of repetitions of at most 999."""
+    _plan(path, campaign, sessions)
+    data = json.loads(path.read_text())
+    arms, originals = len(data["arms"]), data["probes"]
+    if data["repetitions"] <= MAX_REPETITIONS:
+        return demo.CORPUS
+    fits = [n for n in range(len(originals), sessions + 1) if sessions // (n * arms) <= MAX_REPETITIONS]
+    count = next((n for n in fits if sessions % (n * arms) == 0), fits[0])
+    corpus = base / f"corpus-{campaign}"
+    shutil.copytree(demo.CORPUS, corpus)
+    probes = []
+    for i in range(count):
+        copy, k = originals[i % len(originals)], i // len(originals)
+        if k:
+            number = int(copy["id"][-4:]) + 100 * k
+            new_id, source = f"{copy['id'][:-4]}{number:04d}", corpus / copy["path"]
+            target = source.with_name(f"{source.stem}-{k}{source.suffix}")
+            target.write_text(source.read_text().replace(f"id: {copy['id']}", f"id: {new_id}", 1))
+            copy = {**copy, "id": new_id, "path": target.relative_to(corpus).as_posix()}
+        probes.append(copy)
+    data["probes"], data["repetitions"] = probes, sessions // (count * arms)
+    path.write_text(json.dumps(data))
+    return corpus
+
+
 def _kill_when_all_run(argv: list[str], env: dict[str, str], sim: SimNode, concurrency: int, log: Path,
                        timeout: float) -> tuple[float, set[str]]:
     """Run a first controller until ``concurrency`` harnesses run at once, then SIGKILL it;
@@ -253,7 +284,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
                     "stringData": {"api-key": "k"}}, *install_objects(ns)])
     plan_path = base / f"plan-{label}.json"
     campaign = f"scale-{label}"
-    _plan(plan_path, campaign, sessions)
+    corpus = _plan_and_corpus(base, plan_path, campaign, sessions)
     plan = json.loads(plan_path.read_text())
     run = Run(label, len(plan["probes"]) * len(plan["arms"]) * plan["repetitions"], concurrency)
     env = {**os.environ, "RUNNER_STORE": (base / f"store-{label}").as_uri(), "RUNNER_KUBE__NAMESPACE": ns,
@@ -263,7 +294,7 @@ def one_run(cluster, base: Path, stream: Path, label: str, sessions: int, concur
            "RUNNER_GATEWAY__ENABLED": "false",  # the egress proxy's path: gateway_cluster.py measures the gateway
            "RUNNER_LOG__LEVEL": "info",  # one line per session, and the executor's tally at the end
            "PYTHONPATH": str(REPO), **extra_env}
-    argv = [sys.executable, "-m", "runner", "run", str(plan_path), "--corpus", str(demo.CORPUS),
+    argv = [sys.executable, "-m", "runner", "run", str(plan_path), "--corpus", str(corpus),
             "--executor", "kubernetes", "--concurrency", str(concurrency)]
     offset = cluster.audit_offset()
     served = _served(cluster)
