@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -185,7 +186,8 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
         env = {**os.environ, **_env(kube_cluster, namespace, store,
                                     RUNNER_PROVIDER__BASE_URL=provider.base_url,
                                     RUNNER_PROVIDER__API_KEY="demo-key",
-                                    RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"))}
+                                    RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"),
+                                    RUNNER_LOG__LEVEL="info")}  # its tally of requests at the end (below)
         plan_file = tmp_path / "plan.json"
         data = json.loads(demo.PLAN.read_text())
         data["campaign"] = f"k8s-{_uid()}"
@@ -238,7 +240,11 @@ def test_campaign_through_pods_with_the_real_cli(kube_cluster, nodes, namespace,
     for e in execs:
         kinds.setdefault(e["objectRef"]["name"], []).append(_exec_kind(e))
     assert len(kinds) == 8 and {frozenset(k) for k in kinds.values()} == {frozenset({"deliver", "finish"})}, kinds
-    assert len(execs) <= 8 * 2 + 2, kinds  # a retried transfer or two at most
+    # Two each; past them, only one for each the controller retried (its own tally), as after KWOK
+    # failed one past its upgrade (audited as a success: 101). Under load they came by the 4.
+    tally = re.search(r"exec transfers \d+ \((\d+) retried\)", proc.stderr)
+    assert tally, proc.stderr[-2000:]
+    assert 8 * 2 <= len(execs) <= 8 * 2 + int(tally[1]), (kinds, tally[0])
 
 
 def _exec_kind(event: dict) -> str:
