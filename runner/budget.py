@@ -14,11 +14,12 @@ reservation held in memory and never journaled belongs to a session that never s
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+
+from runner.aio import Changed, blocking
 
 if TYPE_CHECKING:  # only annotations name it: `dollars` stays cheap to import for the CLI
     from runner.ledger import Ledger, LedgerEntry, Money
@@ -76,9 +77,10 @@ class OverBudget(Exception):
 class Gate:
     """The budget's check before each start, shared by a run's sessions. ``hold`` reserves a
     session's amount in memory, or waits while sessions of this run that may settle for less
-    are still out, and refuses when none is; ``done`` settles it from the ledger. ``tell`` is
-    called with the gate at its start and after each change of its books, under its lock, so
-    in their order (the run's metrics: budget reserved and left).
+    are still out, and refuses when none is; ``done`` settles it from the ledger. Used from
+    the campaign's event loop alone (runner/aio.py), so its books change in one order:
+    ``tell`` is called with the gate at its start and after each change of them (the run's
+    metrics: budget reserved and left).
 
     A run of one share of the campaign (runner/share.py) holds its ``sessions`` to its part
     of the budget, ``limit``: the books are then its sessions' alone, and the shares' parts add
@@ -95,55 +97,58 @@ class Gate:
                       "in proportion to its share of the sessions)")
         self.spent, self.reserved = start.spent, start.reserved
         self.out = 0  # sessions of this run holding a reservation: each may still give some back
-        self._cond = threading.Condition()
+        self._changed = Changed()
         self._tell = tell
-        with self._cond:
-            tell(self)
+        tell(self)
 
     def _fits(self) -> bool:
         return self.spent + self.reserved + self.reservation <= self.budget
 
-    def hold(self, waiting: Callable[[str], None] = lambda why: None) -> None:
+    async def hold(self, waiting: Callable[[str], None] = lambda why: None) -> None:
         """Reserve a session's amount, told to ``waiting`` (why) first where it must wait."""
-        with self._cond:
-            if not (self._fits() or self.out == 0):
-                waiting(f"the budget: ${self.budget - self.spent - self.reserved:.4f} of ${self.budget:.4f} "
-                        f"left, {self.out} session(s) of this run holding reservations that may settle for less; "
-                        f"a session reserves ${self.reservation:.4f}")
-            self._cond.wait_for(lambda: self._fits() or self.out == 0)
-            if not self._fits():
-                raise OverBudget(f"a session reserves ${self.reservation:.4f} (budget.session_usd + budget.call_usd) and "
-                                 f"{self._what} has ${self.budget - self.spent - self.reserved:.4f} "
-                                 f"left (${self.spent:.4f} spent, ${self.reserved:.4f} reserved)")
-            self.out += 1
-            self.reserved += self.reservation
-            self._tell(self)
+        if not (self._fits() or self.out == 0):
+            waiting(f"the budget: ${self.budget - self.spent - self.reserved:.4f} of ${self.budget:.4f} "
+                    f"left, {self.out} session(s) of this run holding reservations that may settle for less; "
+                    f"a session reserves ${self.reservation:.4f}")
+            await self._changed.wait_for(lambda: self._fits() or self.out == 0)
+        if not self._fits():
+            raise OverBudget(f"a session reserves ${self.reservation:.4f} (budget.session_usd + budget.call_usd) and "
+                             f"{self._what} has ${self.budget - self.spent - self.reserved:.4f} "
+                             f"left (${self.spent:.4f} spent, ${self.reserved:.4f} reserved)")
+        self.out += 1
+        self.reserved += self.reservation
+        self._tell(self)
 
     def adopt(self) -> None:
         """A session an earlier run started, followed by this one: its reservation is in the
         books already (its start entry), and it may still give some back."""
-        with self._cond:
-            self.out += 1
+        self.out += 1
 
     def money(self) -> Money:
         """What a start entry journals of the budget it was made under."""
         return {"reserved_usd": str(self.reservation), "campaign_usd": str(self.campaign_usd)}
 
-    def done(self, ledger: Ledger, session: str, attempt: int) -> None:
-        """The session's part in this run is over: settle what the ledger says of it. Never
-        started: its hold is given back. Started with an outcome: settled at the outcome's
-        cost_usd, or at its whole reservation. Started with no outcome: it stays reserved."""
-        start = ledger.entry("start", session, attempt)
-        with self._cond:
-            self.out -= 1
-            if start is None:
-                self.reserved -= self.reservation
-            else:
-                r, spent = _attempt(start, ledger.entry("outcome", session, attempt))
-                self.reserved += r - Decimal(start.get("reserved_usd") or 0)
-                self.spent += spent
-            self._tell(self)
-            self._cond.notify_all()
+    async def done(self, ledger: Ledger, session: str, attempt: int) -> None:
+        """The session's part in this run is over: settle what the ledger says of it (read on
+        a thread: runner/aio.py). Never started: its hold is given back. Started with an
+        outcome: settled at the outcome's cost_usd, or at its whole reservation. Started with
+        no outcome: it stays reserved."""
+        start, outcome = await blocking(_entries, ledger, session, attempt)
+        self.out -= 1
+        if start is None:
+            self.reserved -= self.reservation
+        else:
+            r, spent = _attempt(start, outcome)
+            self.reserved += r - Decimal(start.get("reserved_usd") or 0)
+            self.spent += spent
+        self._tell(self)
+        self._changed.notify()
+
+
+def _entries(ledger: Ledger, session: str, attempt: int) -> tuple[LedgerEntry | None, LedgerEntry | None]:
+    """An attempt's start entry and outcome entry, where journaled."""
+    start = ledger.entry("start", session, attempt)
+    return start, None if start is None else ledger.entry("outcome", session, attempt)
 
 
 def realized_cost(stream_cost: Decimal | None, metered: dict[str, Any] | None) -> Decimal | None:

@@ -5,27 +5,30 @@ runs a second time by itself.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from runner import digest, harnesses, hooks, layout, logs, stream
+from runner.aio import blocking
 from runner.budget import Gate, OverBudget, settled_cost
 from runner.clock import now
 from runner.corpus import corpus_fingerprint, store_identifiers, store_plan
 from runner.errors import NotStarted, SealError, SessionInterrupted, SessionRefused, UserError
-from runner.executors.base import Executor, Halt, Phases, Remedies, Slot, Slots, Waiting
+from runner.executors.base import CaptureRecord, Executor, Halt, Phases, Remedies, Slot, Slots, Waiting
 from runner.harnesses.contract import Signals
 from runner.ledger import Declaration, Ledger, Money, SessionState, sessions_digest
 from runner.plan import Plan, SessionSpec
 from runner.progress import BudgetBooks, Paused, RunEnded, RunNote, RunPlanned, RunSubscriber, SessionEnded, SessionStarted, ignore
-from runner.seal import seal
+from runner.seal import SealedWorkspace, seal
 from runner.settings import BudgetSettings
 from runner.share import WHOLE, Share
 from runner.store import Store
@@ -33,6 +36,7 @@ from runner.throttle import Backoff, Halted, observe, refused_key
 from runner.transform.events import shown_paths, written_paths
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def declaration(plan: Plan, spec: SessionSpec, corpus_digest: str) -> Declaration:
@@ -91,13 +95,19 @@ class RunReport:
 
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
                  produced: list[str], progress: RunSubscriber = ignore, resume: set[str] | None = None,
-                 backoff: Backoff | None = None, budget: BudgetSettings | None = None, share: Share = WHOLE) -> RunReport:
+                 backoff: Backoff | None = None, budget: BudgetSettings | None = None, share: Share = WHOLE,
+                 io_threads: int = 64) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
     starts while the provider throttles (see runner/throttle.py); ``budget`` (default: none)
     starts no session whose reservation would take the campaign past its budget (runner/budget.py).
     ``progress`` is told what happens as it happens (runner/progress.py). ``share``: the part of
     the campaign this run owns (runner/share.py; default the whole): its sessions alone, held to
-    its part of the budget; ``concurrency`` is the caller's part of the campaign's."""
+    its part of the budget; ``concurrency`` is the caller's part of the campaign's.
+
+    The sessions run as coroutines of one event loop (runner/aio.py), ``concurrency`` plus the
+    executor's waiting room of them at once, taking the sessions in the plan's order: a session
+    waiting (for the budget, a slot, its pod, its harness's end) holds no thread. What blocks
+    (the ledger, the store, sealing, the executor's requests) runs on ``io_threads`` threads."""
     store_plan(store, plan)
     store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
@@ -137,53 +147,53 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                  None if share.whole else {spec.key for spec in mine})
             if budget and budget.campaign_usd and reservation else None)
 
-    def not_started(spec: SessionSpec, attempt: int, why: str) -> None:
+    async def not_started(spec: SessionSpec, attempt: int, why: str) -> None:
         """The session does not start in this run. A pod an earlier run created for its
         attempt before it was started (intended, not started) goes now, not at its deadline."""
         if (spec.probe, spec.name, attempt) in live:
-            executor.finish(layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt))
+            await blocking(executor.finish, layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt))
         progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, f"not started ({why})", None))
 
-    def one(item: tuple[SessionSpec, int, bool]) -> None:
+    async def one(item: tuple[SessionSpec, int, bool]) -> None:
         spec, attempt, adopt = item
         phases: Phases = {"queued": now()}
         note = waits.of(spec.key)
         if gate is not None and not adopt:
             try:  # before a slot is taken: a session waiting for money holds none a stepped-aside one needs back
-                gate.hold(lambda why: note(why, "budget_held"))
+                await gate.hold(lambda why: note(why, "budget_held"))
                 note(None, None)
             except OverBudget as e:  # nothing is journaled: raising the budget and running again starts it
                 note(None, None)  # it waits no more: the run's end says why it did not start
                 report.over_budget.append(spec.key)
                 report.budget_why = str(e)
-                not_started(spec, attempt, "over budget")
+                await not_started(spec, attempt, "over budget")
                 return
             phases["budget_held"] = now()
         try:
-            with slots.take(force=adopt, note=note) as slot:  # a session whose harness already runs is followed at once
-                one_in_slot(spec, attempt, adopt, slot, phases)
+            async with slots.take(force=adopt, note=note) as slot:  # a session whose harness already runs is followed at once
+                await one_in_slot(spec, attempt, adopt, slot, phases)
         finally:
             if gate is not None:
-                gate.done(ledger, spec.key, attempt)
+                await gate.done(ledger, spec.key, attempt)
 
-    def one_in_slot(spec: SessionSpec, attempt: int, adopt: bool, slot: Slot, phases: Phases) -> None:
+    async def one_in_slot(spec: SessionSpec, attempt: int, adopt: bool, slot: Slot, phases: Phases) -> None:
         halt = executor.halted()
         if halt and not adopt:  # nothing is journaled: the next run starts it, after a passing check
             report.halt(halt)
-            not_started(spec, attempt, halt.why)
+            await not_started(spec, attempt, halt.why)
             return
         if backoff is not None and not adopt:
             try:
-                backoff.wait(lambda why: slot.note(why, "slot_held"))
+                await backoff.wait(lambda why: slot.note(why, "slot_held"))
             except Halted as e:  # nothing is journaled: the next run starts it
                 slot.note(None)
-                not_started(spec, attempt, str(e))
+                await not_started(spec, attempt, str(e))
                 return
             slot.note(None)
         signals = Signals()
         phases["slot_held"] = now()
         progress(SessionStarted(spec.arm, spec.key))
-        status, cost, stored = run_attempt(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
+        status, cost, stored = await run_attempt(plan, corpus, store, ledger, executor, workdir, spec, attempt, corpus_digest,
                                            produced, adopt, signals, slot, gate.money() if gate is not None else None, phases)
         report.ran.append(spec.key)
         progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost, stored, phases))
@@ -204,9 +214,7 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     # why sessions wait, for status: the run's and the executor's waits (a share's run writes its own)
     waits = Waiting(store, layout.waiting_key(plan.campaign, None if share.whole else share.name))
     try:
-        with ThreadPoolExecutor(max_workers=concurrency + executor.waiting_room) as pool:
-            for f in [pool.submit(one, item) for item in todo]:
-                f.result()
+        asyncio.run(_each(todo, one, concurrency + executor.waiting_room, io_threads))
     finally:
         waits.stop()
         progress(RunEnded())
@@ -218,9 +226,30 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     return report
 
 
-def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path, spec: SessionSpec,
-            attempt: int, corpus_digest: str, produced: list[str], adopt: bool, signals: Signals,
-            slot: Slot, money: Money | None, phases: Phases | None = None) -> tuple[str, Decimal | None, int]:
+async def _each(todo: list[T], one: Callable[[T], Awaitable[None]], workers: int, io_threads: int) -> None:
+    """``one`` of every item of ``todo``, ``workers`` at once, each taking the next in order.
+    An error in one item does not stop the others (a session that may have spent is followed to
+    its end): once all have run, the first item's error, in ``todo``'s order, is raised."""
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="io"))
+    items = iter(enumerate(todo))
+    errors: dict[int, Exception] = {}
+
+    async def worker() -> None:
+        for i, item in items:
+            try:
+                await one(item)
+            except Exception as e:  # noqa: BLE001 - raised once every item has run
+                errors[i] = e
+
+    await asyncio.gather(*(worker() for _ in range(min(workers, len(todo)))))
+    if errors:
+        raise errors[min(errors)]
+
+
+async def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor: Executor, workdir: Path,
+                      spec: SessionSpec, attempt: int, corpus_digest: str, produced: list[str], adopt: bool,
+                      signals: Signals, slot: Slot, money: Money | None,
+                      phases: Phases | None = None) -> tuple[str, Decimal | None, int]:
     """One session attempt: its status word (with why, where it did not end as planned), the
     cost its stream states and the bytes of its stream stored. ``adopt``: its start is journaled and its pod still runs (a
     restarted controller finishes capturing it instead of starting it again). What the stream
@@ -229,30 +258,16 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
     ``money`` is the budget's reservation, journaled with its start. ``phases``: the session's
     milestones so far (executors.base.Phases), to which a captured attempt adds the executor's
     and ``outcome_journaled``; they are stored with its capture record (but the last, which is
-    the outcome entry's ``at``)."""
+    the outcome entry's ``at``). A coroutine of the campaign's loop: its journal, store and
+    sealing work runs on the loop's threads (runner/aio.py)."""
     phases = {} if phases is None else phases
     with logs.session_context(plan.campaign, spec.probe, spec.name, attempt):
-        decl = declaration(plan, spec, corpus_digest)
-        current = ledger.state(spec.key)
-        if attempt > 1 and current.declaration is not None and current.declaration != decl:
-            raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
-        if not adopt:
-            hooks.stage("before-intent")
-            ledger.intent(spec.key, attempt, decl)
-            hooks.stage("after-intent")
         keys = layout.SessionKeys(plan.campaign, spec.probe, spec.name, attempt)
         scratch = workdir / plan.campaign / spec.probe / f"{spec.name}.{attempt}"
-        if scratch.exists():
-            shutil.rmtree(scratch)
         try:
-            probe = plan.probe(spec.probe)
-            try:
-                sealed = seal(corpus, plan, probe, spec.arm, scratch / "workspace")
-            except SealError as e:
-                ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
+            sealed = await blocking(_begin, plan, corpus, store, ledger, spec, attempt, corpus_digest, adopt, keys, scratch)
+            if sealed is None:
                 return "refused (workspace could not be sealed)", None, 0
-            store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
-
             parsed_once: list[stream.ParsedStream] = []
 
             def parsed_stream() -> stream.ParsedStream:
@@ -271,44 +286,80 @@ def run_attempt(plan: Plan, corpus: Path, store: Store, ledger: Ledger, executor
                     ledger.start(spec.key, attempt, money)
 
             try:
-                record = executor.run(plan, probe, sealed, scratch, store, keys, also, started, slot)
+                record = await executor.run(plan, plan.probe(spec.probe), sealed, scratch, store, keys, also, started, slot)
             except NotStarted as e:  # nothing ran: the session stays intended and the next run tries it again
                 return f"not started ({e})", None, 0
             except SessionRefused as e:  # the harness never ran: refused with the reason, nothing spent
                 log.warning("refused: %s", e)
-                ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
-                executor.finish(keys)
+                await blocking(_final, ledger, executor, spec.key, keys, "refused", {"reason": str(e)})
                 return f"refused ({e})", None, 0
             except SessionInterrupted as e:
                 log.warning("interrupted: %s", e)
-                ledger.outcome(spec.key, attempt, "interrupted", e.detail)
-                executor.finish(keys)
+                await blocking(_final, ledger, executor, spec.key, keys, "interrupted", e.detail)
                 return f"interrupted ({e})", None, 0
             except Exception as e:  # the harness may have spent: record what is known, never retry by itself
                 log.error("the executor failed: %s: %s", type(e).__name__, e, exc_info=True)
-                if ledger.state(spec.key).status == "intended":  # it failed before the harness could start
+                if (await blocking(ledger.state, spec.key)).status == "intended":  # it failed before the harness could start
                     return f"not started ({type(e).__name__}: {e})", None, 0
-                ledger.outcome(spec.key, attempt, "failed", {"reason": f"{type(e).__name__}: {e}"})
-                executor.finish(keys)
+                await blocking(_final, ledger, executor, spec.key, keys, "failed", {"reason": f"{type(e).__name__}: {e}"})
                 return f"failed ({type(e).__name__}: {e})", None, 0
-            record["driver_produced"] = list(produced)
-            phases.update(record.get("phases") or {})
-            record["phases"] = phases.copy()
-            store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
-            parsed = parsed_stream()
-            refused = signals.refused
-            status = "failed" if record["timed_out"] or refused is not None else "succeeded"
-            detail: dict[str, object] = {"stream": record["stream"], "exit_code": record["exit_code"],
-                                         "timed_out": record["timed_out"]}
-            settled = settled_cost(parsed.cost_usd, record.get("gateway"))
-            if settled is not None:  # what the budget's books settle this attempt at
-                detail["cost_usd"] = str(settled)
-            if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
-                detail["reason"] = refused_key(refused)
-            hooks.stage("before-outcome")
-            phases["outcome_journaled"] = ledger.outcome(spec.key, attempt, status, detail)["at"]
-            log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
-            executor.finish(keys)
-            return status, parsed.cost_usd, record["stream"]["bytes"]
+            return await blocking(_captured, store, ledger, executor, spec.key, keys, record, produced, phases, parsed_stream, signals)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            await blocking(shutil.rmtree, scratch, ignore_errors=True)
+
+
+def _begin(plan: Plan, corpus: Path, store: Store, ledger: Ledger, spec: SessionSpec, attempt: int, corpus_digest: str,
+           adopt: bool, keys: layout.SessionKeys, scratch: Path) -> SealedWorkspace | None:
+    """An attempt up to its run: its intent journaled (but an adopted one's), its workspace
+    sealed in ``scratch`` and the seal's record stored; None where it could not be sealed (the
+    attempt is then journaled refused)."""
+    decl = declaration(plan, spec, corpus_digest)
+    current = ledger.state(spec.key)
+    if attempt > 1 and current.declaration is not None and current.declaration != decl:
+        raise UserError(f"{spec.key}: the plan or corpus changed since attempt {current.attempt}; a resumed attempt needs the same inputs")
+    if not adopt:
+        hooks.stage("before-intent")
+        ledger.intent(spec.key, attempt, decl)
+        hooks.stage("after-intent")
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    try:
+        sealed = seal(corpus, plan, plan.probe(spec.probe), spec.arm, scratch / "workspace")
+    except SealError as e:
+        ledger.outcome(spec.key, attempt, "refused", {"reason": str(e)})
+        return None
+    store.put(keys.seal, json.dumps(sealed.record(), indent=1, sort_keys=True).encode())
+    return sealed
+
+
+def _final(ledger: Ledger, executor: Executor, session: str, keys: layout.SessionKeys, status: str,
+           detail: dict[str, Any]) -> None:
+    """An attempt that ended without a capture: its outcome journaled, then what it held released."""
+    ledger.outcome(session, keys.attempt, status, detail)
+    executor.finish(keys)
+
+
+def _captured(store: Store, ledger: Ledger, executor: Executor, session: str, keys: layout.SessionKeys, record: CaptureRecord,
+              produced: list[str], phases: Phases, parsed_stream: Callable[[], stream.ParsedStream],
+              signals: Signals) -> tuple[str, Decimal | None, int]:
+    """A captured attempt's end: its capture record stored, its outcome journaled from its
+    stream (cost, throttling, a refused key), then what it held released."""
+    record["driver_produced"] = list(produced)
+    phases.update(record.get("phases") or {})
+    record["phases"] = phases.copy()
+    store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
+    parsed = parsed_stream()
+    refused = signals.refused
+    status = "failed" if record["timed_out"] or refused is not None else "succeeded"
+    detail: dict[str, object] = {"stream": record["stream"], "exit_code": record["exit_code"],
+                                 "timed_out": record["timed_out"]}
+    settled = settled_cost(parsed.cost_usd, record.get("gateway"))
+    if settled is not None:  # what the budget's books settle this attempt at
+        detail["cost_usd"] = str(settled)
+    if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
+        detail["reason"] = refused_key(refused)
+    hooks.stage("before-outcome")
+    phases["outcome_journaled"] = ledger.outcome(session, keys.attempt, status, detail)["at"]
+    log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
+    executor.finish(keys)
+    return status, parsed.cost_usd, record["stream"]["bytes"]

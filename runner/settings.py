@@ -363,6 +363,7 @@ class Settings(BaseSettings):
         "directory under the working directory.",
     )
     concurrency: int = Field(2, ge=1, description="Sessions run at once. Default: 2.")
+    io_threads: int = Field(64, ge=1, description="Threads a campaign's run gives its blocking work: journal appends, store reads and writes, sealing, the executor's requests and transfers. Sessions wait (for the budget, a slot, their pod, their harness) on one event loop, without a thread each, so this bounds the run's threads whatever `concurrency` is; the Kubernetes executor's follows of running streams take at most half of them, so follows stalled by a lost node leave the rest to sessions' starts and ends; the local executor's sessions each hold a thread of their own besides, as long as their harness runs. Default: 64.")
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
     harness: HarnessSettings = Field(default_factory=HarnessSettings)
     budget: BudgetSettings = Field(default_factory=BudgetSettings)

@@ -18,11 +18,11 @@ again once the key is fixed.
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from runner import harnesses
 from runner.harnesses.contract import Signals
@@ -55,46 +55,43 @@ class Halted(Exception):
 
 @dataclass
 class Backoff:
-    """The gate every session start passes. Thread-safe; ``clock`` and ``sleep`` are injectable
-    so the policy is tested without waiting."""
+    """The gate every session start passes, on the campaign's event loop (runner/aio.py);
+    ``clock`` and ``sleep`` are injectable so the policy is tested without waiting."""
 
     base: float
     ceiling: float
     clock: Callable[[], float] = time.time
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     not_before: float = 0.0
     pause: float = 0.0  # the current pause; 0 when the last session ran clean
     halted: str | None = None  # why no session may start any more in this run
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, signals: Signals) -> float:
         """Take one finished session's signals; return the pause now in force (seconds)."""
-        with self._lock:
-            if signals.refused is not None and self.halted is None:
-                self.halted = f"{refused_key(signals.refused)} in an earlier session"
-            if not signals.throttled:
-                self.pause = 0.0
-                return 0.0
-            self.pause = min(self.ceiling, self.base if self.pause == 0 else self.pause * 2)
-            now = self.clock()
-            until = now + self.pause
-            if signals.resets_at is not None:
-                until = max(until, min(signals.resets_at, now + self.ceiling))
-            self.not_before = max(self.not_before, until)
-            return self.not_before - now
+        if signals.refused is not None and self.halted is None:
+            self.halted = f"{refused_key(signals.refused)} in an earlier session"
+        if not signals.throttled:
+            self.pause = 0.0
+            return 0.0
+        self.pause = min(self.ceiling, self.base if self.pause == 0 else self.pause * 2)
+        now = self.clock()
+        until = now + self.pause
+        if signals.resets_at is not None:
+            until = max(until, min(signals.resets_at, now + self.ceiling))
+        self.not_before = max(self.not_before, until)
+        return self.not_before - now
 
-    def wait(self, waiting: Callable[[str], None] = lambda why: None) -> float:
-        """Block until session starts are allowed again, telling ``waiting`` why meanwhile;
+    async def wait(self, waiting: Callable[[str], None] = lambda why: None) -> float:
+        """Wait until session starts are allowed again, telling ``waiting`` why meanwhile;
         return the seconds waited. Raises Halted once a session showed that the provider
         refuses the key."""
         waited = 0.0
         while True:
-            with self._lock:
-                left = self.not_before - self.clock()
-                if self.halted is not None:
-                    raise Halted(self.halted)
+            left = self.not_before - self.clock()
+            if self.halted is not None:
+                raise Halted(self.halted)
             if left <= 0:
                 return waited
             waiting(f"a throttle pause: the provider throttled a session; new sessions start in {left:.0f} s")
-            self.sleep(min(left, 5.0))
+            await self.sleep(min(left, 5.0))
             waited += min(left, 5.0)

@@ -2,19 +2,21 @@
 runner/executors/local.py) and KubernetesExecutor (a pod per session,
 runner/executors/kubernetes.py) implement it side by side; the campaign calls these hooks
 and nothing else, in this order: preflight, prepare, then per session run and finish (halted
-between sessions), close at the end; a stop's words come from remedies."""
+between sessions), close at the end; a stop's words come from remedies. ``run`` is a coroutine
+on the campaign's event loop (runner/aio.py): sessions wait without a thread each."""
 
 from __future__ import annotations
 
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
+from runner.aio import Changed
 from runner.clock import now
 from runner.layout import SessionKeys
 from runner.plan import Plan, Probe
@@ -247,17 +249,18 @@ class Slots:
     may spend); beside them, up to ``waiting`` sessions whose start is still waiting on the
     platform (a pod the scheduler cannot place, an image pull, a quota) may step aside and
     give their slot to a session that can start. A session coming back from the side is
-    served before a new one, so a session that waited is not overtaken for ever."""
+    served before a new one, so a session that waited is not overtaken for ever. Used from
+    the campaign's event loop alone (runner/aio.py)."""
 
     def __init__(self, running: int, waiting: int = 0) -> None:
         self.running_limit, self.waiting_limit = running, waiting
         self.running = 0   # sessions holding a slot
         self.waiting = 0   # sessions stepped aside
         self.returning = 0  # stepped-aside sessions waiting to take a slot back
-        self._cond = threading.Condition()
+        self.changed = Changed()
 
-    @contextmanager
-    def take(self, force: bool = False, note: Note | None = None) -> Iterator[Slot]:
+    @asynccontextmanager
+    async def take(self, force: bool = False, note: Note | None = None) -> AsyncIterator[Slot]:
         """Hold a slot for one session attempt; ``force``: at once, past the limit (a session
         whose harness already runs, adopted after a restart, must be followed now). ``note``:
         where the session says why it waits (``status`` shows it), here and through the slot."""
@@ -265,23 +268,20 @@ class Slots:
 
         def free() -> bool:
             return force or (self.running < self.running_limit and not self.returning)
-        with self._cond:
-            if waited := not free():
-                slot.note(f"the campaign's concurrency: {self.running} of {self.running_limit} sessions running",
-                          "slot_held")
-            self._cond.wait_for(free)
-            self.running += 1
+        if waited := not free():
+            slot.note(f"the campaign's concurrency: {self.running} of {self.running_limit} sessions running", "slot_held")
+            await self.changed.wait_for(free)
+        self.running += 1
         if waited:
             slot.note(None)
         try:
             yield slot
         finally:
-            with self._cond:
-                if slot.held:
-                    self.running -= 1
-                else:
-                    self.waiting -= 1
-                self._cond.notify_all()
+            if slot.held:
+                self.running -= 1
+            else:
+                self.waiting -= 1
+            self.changed.notify()
 
 
 class Slot:
@@ -302,33 +302,30 @@ class Slot:
         """Give the slot up while this session waits to start, if the waiting room has space;
         returns whether this session is (now) aside."""
         s = self.slots
-        with s._cond:
-            if self.held and s.waiting < s.waiting_limit:
-                self.held = False
-                s.running -= 1
-                s.waiting += 1
-                s._cond.notify_all()
-            return not self.held
+        if self.held and s.waiting < s.waiting_limit:
+            self.held = False
+            s.running -= 1
+            s.waiting += 1
+            s.changed.notify()
+        return not self.held
 
-    def back(self, timeout: float | None) -> bool:
+    async def back(self, timeout: float | None) -> bool:
         """Take a slot again before the harness can start; False if none was free within
         ``timeout`` seconds (None: as long as it takes; the session is then still aside)."""
         s = self.slots
-        with s._cond:
-            if self.held:
-                return True
-            s.returning += 1
-            try:
-                if not s._cond.wait_for(lambda: s.running < s.running_limit,
-                                        timeout=None if timeout is None else max(timeout, 0)):
-                    return False
-            finally:
-                s.returning -= 1
-                s._cond.notify_all()
-            self.held = True
-            s.running += 1
-            s.waiting -= 1
+        if self.held:
             return True
+        s.returning += 1
+        try:
+            if not await s.changed.wait_for(lambda: s.running < s.running_limit, timeout):
+                return False
+        finally:
+            s.returning -= 1
+            s.changed.notify()
+        self.held = True
+        s.running += 1
+        s.waiting -= 1
+        return True
 
 
 class Executor(Protocol):
@@ -349,10 +346,12 @@ class Executor(Protocol):
         harness may still run (``run`` adopts them). What belongs to another share is not this
         run's to touch."""
 
-    def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store,
-            keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]],
-            started: Callable[[], None], slot: Slot) -> CaptureRecord:
-        """Run one session attempt to its end: call ``started()`` just before the harness can
+    async def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store,
+                  keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]],
+                  started: Callable[[], None], slot: Slot) -> CaptureRecord:
+        """Run one session attempt to its end, on the campaign's event loop (runner/aio.py:
+        what blocks goes to a thread, and a session's waits hold none). ``started`` and
+        ``also_collect`` block (the ledger, the stream): call them off the loop. Call ``started()`` just before the harness can
         spend (holding ``slot``: a session whose start waits on the platform may step it aside
         and must take it back first), store its stream under ``keys.stream`` (verified), collect the files it changed
         (and those ``also_collect`` names), and return its capture record. Raises NotStarted

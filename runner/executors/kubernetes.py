@@ -11,6 +11,10 @@ packing's. The pod is deleted only after the campaign has journaled the outcome 
 So a session costs the API server a create, two execs, a follow per
 kube.stream_poll_seconds, the meter's Lease read (through the gateway) and a delete.
 
+A session's run is a coroutine on the campaign's event loop (runner/aio.py): its waits (for its
+pod to start, for its harness to end between follows, for the meter to settle) hold no
+thread; each request and each transfer runs on the loop's bounded pool of threads.
+
 A pod that never started (unschedulable past the start timeout, an image that does not pull)
 is deleted and created again: nothing was spent. A pod lost after the start (deleted,
 evicted, its node gone) may have spent: the session is journaled interrupted with what was
@@ -19,6 +23,7 @@ captured so far, and is never run again by itself.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runner import digest
+from runner.aio import blocking
 from runner.clock import now
 from runner.entrypoints.pod import (
     OPEN_NETWORK_EXIT,
@@ -120,7 +126,8 @@ class KubernetesExecutor:
     def __post_init__(self) -> None:
         k = self.settings.kube
         self.waiting_room = k.waiting_pods
-        self._create_slots = threading.BoundedSemaphore(k.create_concurrency)
+        self._create_slots = asyncio.Semaphore(k.create_concurrency)  # the campaign's event loop's (runner/aio.py)
+        self._follow_limit, self._following = max(1, self.settings.io_threads // 2), 0  # follows in flight (_follow)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
         self.observed = PodMilestones()
         self.confinement = CONFINEMENT_PROSE.format(route=ROUTE_PROSE[self.settings.gateway.enabled])
@@ -192,9 +199,9 @@ class KubernetesExecutor:
 
     # ---- one session -----------------------------------------------------------------------
 
-    def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
-            slot: Slot) -> CaptureRecord:
+    async def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
+                  also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
+                  slot: Slot) -> CaptureRecord:
         """Run one session in its pod. Its phases: the pod watch's observations of the pod this
         run created (none of a pod adopted after a restart: the watch did not see it start),
         the delivery's end, the entry point's and the reader's own stamps, and the collection's."""
@@ -203,19 +210,19 @@ class KubernetesExecutor:
                                          self._route_of(keys, plan.model), self.share)
         name = manifest["metadata"]["name"]
         try:
-            return self._run(name, manifest, plan, sealed, scratch, store, keys, also_collect, started, slot)
+            return await self._run(name, manifest, plan, sealed, scratch, store, keys, also_collect, started, slot)
         finally:
             self.observed.forget(name)
 
-    def _run(self, name: str, manifest: dict[str, Any], plan: Plan, sealed: SealedWorkspace, scratch: Path, store: Store,
-             keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
-             slot: Slot) -> CaptureRecord:
+    async def _run(self, name: str, manifest: dict[str, Any], plan: Plan, sealed: SealedWorkspace, scratch: Path,
+                   store: Store, keys: SessionKeys, also_collect: Callable[[SessionKeys, str], set[str]],
+                   started: Callable[[], None], slot: Slot) -> CaptureRecord:
         assert self.cache is not None
         checks_before = self.monitor.count() if self.monitor is not None else 0
-        created = self._start_pod(name, manifest, slot)
+        created = await self._start_pod(name, manifest, slot)
         del manifest  # about 30 KB as Python objects, no longer needed: held to the session's end, 15 MB at 500 at once
-        started()  # journaled before the delivery, which lets the CLI start (a no-op for an adopted attempt)
-        answer = self._exec(name, deliver_argv(), stdin=_workspace_tar(sealed.path, self.settings.kube.harness_uid)).stdout
+        await blocking(started)  # journaled before the delivery, which lets the CLI start (a no-op for an adopted attempt)
+        answer = (await blocking(self._deliver, name, sealed.path)).stdout
         # A pod this run created was delivered now, though a retried exec may answer "already";
         # one it adopted, only if this exec did it (else an earlier run did: no stamp).
         delivered = now() if created or answer.strip() == b"delivered" else None
@@ -223,10 +230,10 @@ class KubernetesExecutor:
         limit = self.settings.harness.timeout_seconds + self.settings.kube.start_timeout_seconds
         spool = scratch / "stream.spool"
         spool.unlink(missing_ok=True)
-        end, fetched = self._follow(name, spool, limit)
+        end, fetched = await self._follow(name, spool, limit)
         if end is None or end.lost is not None:
             reason = end.lost if end is not None and end.lost is not None else f"the harness did not end within {limit:g} s"
-            detail = self._salvage(name, spool, store, keys)
+            detail = await blocking(self._salvage, name, spool, store, keys)
             raise SessionInterrupted(reason, {"reason": reason, **detail})
         term = end.terminated
         if term.get("exitCode") == OPEN_NETWORK_EXIT:
@@ -239,14 +246,13 @@ class KubernetesExecutor:
                                  "memory and stream, so the session could have written into its stream (the harness image "
                                  "must make the loader execute-only, or the pod run under gVisor); the CLI did not run"
                                  + (f"; the entry point said: {said[-1][:500]}" if said else ""))
-        done = self._finish(name, fetched)
+        done = await blocking(self._finish, name, fetched)
         if done is None:
             reason = f"the capture reader recorded no end of the stream within {_RECORD_WAIT_SECONDS:g} s of the harness's end"
-            raise SessionInterrupted(reason, {"reason": reason, **self._salvage(name, spool, store, keys)})
+            raise SessionInterrupted(reason, {"reason": reason, **await blocking(self._salvage, name, spool, store, keys)})
         finish, pack_messages = done
         record = finish.record
-        self._fetch(name, spool, finish.offset, record["bytes"], head=finish.stream)
-        stream = _upload_verified(spool, store, keys.stream, record)
+        stream = await blocking(self._store_stream, name, spool, finish, store, keys)
         ended_at = now()
         phases: Phases = {**self.observed.take(name)}  # type: ignore[typeddict-item]  # POD_MILESTONES are Phases' keys
         if delivered is not None:
@@ -256,8 +262,8 @@ class KubernetesExecutor:
         if "first_reply_at" in record:
             phases["first_reply"] = record["first_reply_at"]
         phases["harness_exited"], phases["stream_collected"] = record["ended_at"], ended_at
-        artifacts = self._collect(name, scratch, sealed, store, keys, also_collect, finish.packed, pack_messages)
-        metered = self._meter(name) if self.token_secret is not None else None
+        artifacts = await blocking(self._collect, name, scratch, sealed, store, keys, also_collect, finish.packed, pack_messages)
+        metered = await self._meter(name) if self.token_secret is not None else None
         phases["artifacts_collected"] = now()
         exit_code = term.get("exitCode")
         pod = self.cache.get(name) or {}
@@ -311,17 +317,18 @@ class KubernetesExecutor:
                                None if b.session_usd is None else str(b.session_usd), str(b.call_usd), model)
         return manifests.Route(self.route.base_url, token=tokens.mint(self.token_secret, claims))
 
-    def _meter(self, pod: str) -> dict[str, Any]:
+    async def _meter(self, pod: str) -> dict[str, Any]:
         """The gateways' meter of the attempt (its Lease, runner/gateway/cluster.py), once each
         gateway has settled it (given back what it held beyond the spend of the ended
         harness); past SETTLE_SECONDS one that has not counts at what it holds."""
         deadline = time.monotonic() + SETTLE_SECONDS
         pause = 0.05  # doubling to 0.5 s: a gateway settles within a moment of the harness's end, as its watch shows it
         while True:
-            meters = meters_of(self.kube.lease_annotations(pod) or {})
+            annotations = await blocking(self.kube.lease_annotations, pod)
+            meters = meters_of(annotations or {})
             if settled(meters) or time.monotonic() > deadline:
                 return total(meters)
-            time.sleep(pause)
+            await asyncio.sleep(pause)
             pause = min(pause * 2, 0.5)
 
     def finish(self, keys: SessionKeys) -> None:
@@ -330,7 +337,7 @@ class KubernetesExecutor:
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def _start_pod(self, name: str, manifest: dict[str, Any], slot: Slot) -> bool:
+    async def _start_pod(self, name: str, manifest: dict[str, Any], slot: Slot) -> bool:
         """Create the pod and wait for its reader to run; what it waits for meanwhile (the
         scheduler's message, an image pull, a quota) is noted on ``slot`` for ``status``.
         A pod that waits past kube.waiting_grace_seconds steps aside (``slot.aside()``) so
@@ -354,37 +361,37 @@ class KubernetesExecutor:
             attempts += 1
             asked = time.monotonic()
             self.observed.track(name)  # before the create: the watch may tell of the pod before the request returns
-            made = self._create(manifest, timeout, slot)
+            made = await self._create(manifest, timeout, slot)
             self.observed.stamp(name, "pod_created")
-            self.cache.wait(name, lambda p: p is not None, timeout=60)
-            start = self.cache.wait(name, started, timeout=max(0.0, asked + k.waiting_grace_seconds - time.monotonic()))
+            await self.cache.wait(name, lambda p: p is not None, timeout=60)
+            start = await self.cache.wait(name, started, timeout=max(0.0, asked + k.waiting_grace_seconds - time.monotonic()))
             if start is None and slot.aside():
                 log.info("pod %s waits to start; its slot goes to another session meanwhile", name)
-            start = start or self.cache.wait(name, started, timeout=max(0.0, asked + timeout - time.monotonic())) or Startup(
+            start = start or await self.cache.wait(name, started, timeout=max(0.0, asked + timeout - time.monotonic())) or Startup(
                 "failed", f"not running after {timeout:g} s: {podstate.waiting(self.cache.get(name))}")
             if start.kind == "running":
                 if not slot.held:
                     slot.note("running, waiting for a running session to end (concurrency)", "workspace_delivered")
-                if slot.back(asked + timeout - time.monotonic()):
+                if await slot.back(asked + timeout - time.monotonic()):
                     slot.note(None)
                     return made
                 log.info("pod %s ran but no slot came free within its start timeout: deleted, a new one when a slot is free", name)
-                self._delete(name, grace=0)
-                self.cache.wait(name, lambda p: p is None, timeout=120)
+                await blocking(self._delete, name, grace=0)
+                await self.cache.wait(name, lambda p: p is None, timeout=120)
                 slot.note("waiting for a slot", "pod_created")
-                slot.back(None)
+                await slot.back(None)
                 attempts -= 1  # the pod did start: not a failed attempt
                 continue
             if start.kind == "gone":
                 slot.note(f"did not start: {start.why}")
                 raise NotStarted(start.why)
             why = start.why
-            self._delete(name, grace=0)
-            self.cache.wait(name, lambda p: p is None, timeout=120)
+            await blocking(self._delete, name, grace=0)
+            await self.cache.wait(name, lambda p: p is None, timeout=120)
         slot.note(f"did not start: {why}")
         raise NotStarted(f"pod {name} did not start: {why}")
 
-    def _create(self, manifest: dict[str, Any], timeout: float, slot: Slot) -> bool:
+    async def _create(self, manifest: dict[str, Any], timeout: float, slot: Slot) -> bool:
         """Create the pod (False: it exists already); a namespace quota that refuses it now may admit it once other
         sessions end, so that refusal is waited out (up to ``timeout``, aside after the
         grace), not a failure."""
@@ -392,8 +399,8 @@ class KubernetesExecutor:
         deadline = first + timeout
         while True:
             try:
-                with self._create_slots:
-                    return self.kube.create_pod(manifest)
+                async with self._create_slots:
+                    return await blocking(self.kube.create_pod, manifest)
             except QuotaExceeded as e:
                 if time.monotonic() > deadline:
                     why = f"the namespace's quota refused the pod for {timeout:g} s: {e}"
@@ -402,7 +409,17 @@ class KubernetesExecutor:
                 if time.monotonic() > first + self.settings.kube.waiting_grace_seconds:
                     slot.aside()
                 slot.note(f"quota: {e}", "pod_created")
-                time.sleep(5)
+                await asyncio.sleep(5)
+
+    def _deliver(self, pod: str, workspace: Path) -> ExecResult:
+        """Hand the sealed workspace to the pod's reader, which lets the harness start."""
+        return self._exec(pod, deliver_argv(), stdin=_workspace_tar(workspace, self.settings.kube.harness_uid))
+
+    def _store_stream(self, pod: str, spool: Path, finish: Finish, store: Store, keys: SessionKeys) -> StreamRecord:
+        """The ended session's stream: the rest past what the follow spooled and the finishing
+        exec brought, fetched, verified against the reader's record, stored."""
+        self._fetch(pod, spool, finish.offset, finish.record["bytes"], head=finish.stream)
+        return _upload_verified(spool, store, keys.stream, finish.record)
 
     def _exec(self, pod: str, argv: list[str], stdin: bytes | None = None) -> ExecResult:
         k = self.settings.kube
@@ -466,23 +483,31 @@ class KubernetesExecutor:
             os.fsync(f.fileno())
         return offset
 
-    def _follow(self, pod: str, spool: Path, limit: float) -> tuple[HarnessEnd | None, int]:
+    async def _follow(self, pod: str, spool: Path, limit: float) -> tuple[HarnessEnd | None, int]:
         """Wait for the harness's end (at most ``limit`` seconds), fetching the stream into the
         spool every kube.stream_poll_seconds meanwhile: a pod evicted or deleted mid-session
         (its volumes go with it) then loses at most that much of the stream, not all of it.
-        Returns the end (None on timeout) and the bytes spooled so far."""
+        Returns the end (None on timeout) and the bytes spooled so far. Follows in flight take
+        at most half the run's io_threads: a lost node's pods stall theirs up to the exec's
+        deadlines, and the other half stays for every session's start, end and journal."""
         assert self.cache is not None
         deadline = time.monotonic() + limit
         fetched = 0
         while True:
-            end = self.cache.wait(pod, _harness_end, timeout=max(0.0, min(self.settings.kube.stream_poll_seconds,
-                                                                          deadline - time.monotonic())))
+            end = await self.cache.wait(pod, _harness_end, timeout=max(0.0, min(self.settings.kube.stream_poll_seconds,
+                                                                                deadline - time.monotonic())))
             if end or time.monotonic() >= deadline:
                 return end, fetched
+            if self._following >= self._follow_limit:  # the rest of the threads are the starts', ends' and journal's
+                log.debug("%s: this poll's follow skipped: %d follows in flight", pod, self._following)
+                continue
+            self._following += 1
             try:
-                fetched = self._fetch(pod, spool, fetched, None)
+                fetched = await blocking(self._fetch, pod, spool, fetched, None)
             except ExecError as e:  # no stream yet, or a transfer that broke: the next poll goes on from here
                 log.debug("%s: following the stream: %s", pod, e)
+            finally:
+                self._following -= 1
 
     def _salvage(self, pod: str, spool: Path, store: Store, keys: SessionKeys) -> dict[str, Any]:
         """Keep what can still be read of a stream that cannot be proven complete: what was

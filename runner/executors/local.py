@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import harnesses, hooks
+from runner.aio import own_thread
 from runner.clock import now
 from runner.errors import ConfinementError, UserError
 from runner.executors import seccomp
@@ -305,13 +306,19 @@ class LocalExecutor:
         assert self.bwrap and self.harness and self.loader, "preflight() first"
         return bwrap_args(self.bwrap, self.harness, workspace, config_dir, log_dir, root_siblings(), self.loader, *fds)
 
-    def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
-            slot: Slot) -> CaptureRecord:
+    async def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
+                  also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None],
+                  slot: Slot) -> CaptureRecord:
         """Run one session, holding ``slot`` throughout; returns its capture record (the stream
-        is in the store). Its phases are this driver's: the harness started (bwrap's process
-        made), its first reply and its exit as the driver reads the stream and reaps it, the
-        stream and the files stored."""
+        is in the store). The driver reads the stream as the harness writes it and reaps the
+        harness, so it blocks as long as the session runs: on a thread of its own
+        (runner/aio.py), as many as the host's concurrency. Its phases are this driver's: the
+        harness started (bwrap's process made), its first reply and its exit as the driver
+        reads the stream and reaps it, the stream and the files stored."""
+        return await own_thread(self._drive, plan, probe, sealed, scratch, store, keys, also_collect, started)
+
+    def _drive(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
+               also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None]) -> CaptureRecord:
         s = self.settings
         assert self.harness is not None, "preflight() first"
         config_dir, log_dir = scratch / "config", scratch / "log"

@@ -4,7 +4,8 @@ a pod before each operation.
 The watch resumes from the last resourceVersion it saw; a 410 Gone (the version was
 compacted away) or any other end re-lists and starts a new watch, so no transition is missed
 for good. Waiters block on a condition until a pod's state satisfies them, and a pod that
-vanishes from a re-list counts as deleted.
+vanishes from a re-list counts as deleted. Waiters are coroutines of the campaign's event loop
+(runner/aio.py): a session waiting on its pod holds no thread.
 
 A pod is kept ``trimmed``: its metadata without managedFields, its node, its status. A whole
 pod is about 77 KB as Python objects, and a campaign holds one per session running. An event
@@ -20,10 +21,10 @@ MAX_PAUSE_SECONDS, and returns to the first once a list succeeds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeAlias, TypeVar
 
@@ -70,7 +71,7 @@ class PodCache:
         self.gone: set[str] = set()  # names seen deleted since they were last created
         self.relists = 0
         self._lock = threading.Lock()
-        self._waiting: dict[str, tuple[threading.Condition, list[int]]] = {}  # pod name -> its waiters' condition, their count
+        self._waiting: dict[str, list[asyncio.Future[None]]] = {}  # pod name -> its waiters, woken at its next event
         self._stop = threading.Event()
         self._synced = threading.Event()
         self.refused: str | None = None  # why the API server refused the watch; it then ends
@@ -160,11 +161,10 @@ class PodCache:
 
     def _notify(self, name: str | None = None) -> None:
         """Wake the waiters of pod ``name``, or of every pod (a re-list, a refusal). Under _lock."""
-        if name is None:
-            for cond, _ in self._waiting.values():
-                cond.notify_all()
-        elif name in self._waiting:
-            self._waiting[name][0].notify_all()
+        for pod in list(self._waiting) if name is None else [name]:
+            for woken in self._waiting.pop(pod, []):
+                if not woken.get_loop().is_closed():  # else its waiter is gone with its loop
+                    woken.get_loop().call_soon_threadsafe(_wake, woken)
 
     def get(self, name: str) -> Pod | None:
         with self._lock:
@@ -174,24 +174,36 @@ class PodCache:
         with self._lock:
             return list(self.pods)
 
-    def wait(self, name: str, until: Callable[[Pod | None], T | None], timeout: float) -> T | None:
-        """Block until ``until(pod or None)`` is truthy (None: the pod is gone); return its value,
-        or None on timeout. Raises UserError once the watch is refused: the cache is then stale."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            cond, count = self._waiting.setdefault(name, (threading.Condition(self._lock), [0]))
-            count[0] += 1
+    async def wait(self, name: str, until: Callable[[Pod | None], T | None], timeout: float) -> T | None:
+        """Wait until ``until(pod or None)`` is truthy (None: the pod is gone), checked under the
+        cache's lock at each of the pod's events; return its value, or None on timeout. Raises
+        UserError once the watch is refused: the cache is then stale."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            with self._lock:
+                self._raise_if_refused()
+                value = until(self.pods.get(name))
+                if value:
+                    return value
+                if loop.time() >= deadline:
+                    return None
+                woken: asyncio.Future[None] = loop.create_future()
+                self._waiting.setdefault(name, []).append(woken)
             try:
-                while True:
-                    self._raise_if_refused()
-                    value = until(self.pods.get(name))
-                    if value:
-                        return value
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None
-                    cond.wait(timeout=min(left, 5.0))
+                async with asyncio.timeout_at(deadline):
+                    await woken
+            except TimeoutError:
+                pass  # checked once more above, past the deadline
             finally:
-                count[0] -= 1
-                if not count[0]:
-                    del self._waiting[name]
+                with self._lock:
+                    waiters = self._waiting.get(name)
+                    if waiters is not None and woken in waiters:
+                        waiters.remove(woken)
+                        if not waiters:
+                            del self._waiting[name]
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)

@@ -8,6 +8,7 @@ campaign's order (preflight, prepare, run, finish, close) and nothing else."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +64,11 @@ def run_attempt(c: Conformant, probe_index: int, arm: str = "present", attempt: 
         except NotFound:
             calls.append(True)
 
-    with Slots(1).take() as slot:
-        record = c.executor.run(plan, probe, sealed, scratch, c.store, keys, lambda k, ws: set(), started, slot)
+    async def run() -> CaptureRecord:
+        async with Slots(1).take() as slot:
+            return await c.executor.run(plan, probe, sealed, scratch, c.store, keys, lambda k, ws: set(), started, slot)
+
+    record = asyncio.run(run())
     c.executor.finish(keys)
     return Ran(record, keys, calls)
 

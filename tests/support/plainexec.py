@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import harnesses
+from runner.aio import own_thread
 from runner.clock import now
 from runner.errors import UserError
 from runner.executors.base import CaptureRecord, Halt, Live, Phases, Remedies, Slot
@@ -55,8 +56,12 @@ class PlainExecutor:
     def prepare(self, plan: Plan, final: set[Live], share: Share = WHOLE) -> set[Live]:
         return set()  # nothing of this executor outlives its process
 
-    def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
-            also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None], slot: Slot) -> CaptureRecord:
+    async def run(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
+                  also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None], slot: Slot) -> CaptureRecord:
+        return await own_thread(self._drive, plan, probe, sealed, scratch, store, keys, also_collect, started)
+
+    def _drive(self, plan: Plan, probe: Probe, sealed: SealedWorkspace, scratch: Path, store: Store, keys: SessionKeys,
+               also_collect: Callable[[SessionKeys, str], set[str]], started: Callable[[], None]) -> CaptureRecord:
         assert self.harness is not None, "preflight() first"
         s, harness = self.settings, harnesses.HARNESS
         config = scratch / "config"

@@ -3,7 +3,7 @@ session starts whose reservation would take spent + reserved past the campaign b
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from decimal import Decimal
 
 import pytest
@@ -47,40 +47,50 @@ def test_the_books_read_back_from_the_journal(ledger):
 
 
 def test_the_gate_refuses_only_what_cannot_fit_once_every_session_of_the_run_settled(ledger):
-    gate = Gate(ledger, D("1"), D("0.4"))
-    gate.hold()
-    gate.hold()  # 0.8 of 1 held
-    refused: list[str] = []
-    third_started = threading.Event()
+    async def scenario() -> None:
+        gate = Gate(ledger, D("1"), D("0.4"))
+        await gate.hold()
+        await gate.hold()  # 0.8 of 1 held
+        third = asyncio.create_task(gate.hold())
+        done, _ = await asyncio.wait([third], timeout=0.2)
+        assert not done, "a reservation past the budget was held"
+        # The first settles for less than it reserved: 0.1 spent + 0.4 reserved + 0.4 fits in 1.
+        _started(ledger, "p/a", {"reserved_usd": "0.4", "campaign_usd": "1"})
+        ledger.outcome("p/a", 1, "succeeded", {"cost_usd": "0.1"})
+        await gate.done(ledger, "p/a", 1)
+        await asyncio.wait_for(third, 5)  # held, not refused
+        assert (gate.spent, gate.reserved, gate.out) == (D("0.1"), D("0.8"), 2)
+        # A session that never started gives its hold back; one that started and has no
+        # outcome keeps it.
+        await gate.done(ledger, "p/never", 1)
+        _started(ledger, "p/lost", {"reserved_usd": "0.4", "campaign_usd": "1"})
+        await gate.done(ledger, "p/lost", 1)
+        assert (gate.spent, gate.reserved, gate.out) == (D("0.1"), D("0.4"), 0)
+        await gate.hold()  # 0.1 + 0.4 + 0.4 fits
+        _started(ledger, "p/lost2", {"reserved_usd": "0.4", "campaign_usd": "1"})
+        await gate.done(ledger, "p/lost2", 1)  # started, no outcome: it stays reserved, and nothing of this run is out
+        with pytest.raises(OverBudget, match=r"reserves \$0.4000 .* has \$0.1000 left \(\$0.1000 spent, \$0.8000 reserved\)"):
+            await gate.hold()
 
-    def third() -> None:
-        try:
-            gate.hold()
-            third_started.set()
-        except OverBudget as e:
-            refused.append(str(e))
+    asyncio.run(scenario())
 
-    t = threading.Thread(target=third, daemon=True)
-    t.start()
-    assert not third_started.wait(0.2), "a reservation past the budget was held"
-    # The first settles for less than it reserved: 0.1 spent + 0.4 reserved + 0.4 fits in 1.
-    _started(ledger, "p/a", {"reserved_usd": "0.4", "campaign_usd": "1"})
-    ledger.outcome("p/a", 1, "succeeded", {"cost_usd": "0.1"})
-    gate.done(ledger, "p/a", 1)
-    assert third_started.wait(5) and not refused
-    assert (gate.spent, gate.reserved, gate.out) == (D("0.1"), D("0.8"), 2)
-    # A session that never started gives its hold back; one that started and has no
-    # outcome keeps it.
-    gate.done(ledger, "p/never", 1)
-    _started(ledger, "p/lost", {"reserved_usd": "0.4", "campaign_usd": "1"})
-    gate.done(ledger, "p/lost", 1)
-    assert (gate.spent, gate.reserved, gate.out) == (D("0.1"), D("0.4"), 0)
-    gate.hold()  # 0.1 + 0.4 + 0.4 fits
-    _started(ledger, "p/lost2", {"reserved_usd": "0.4", "campaign_usd": "1"})
-    gate.done(ledger, "p/lost2", 1)  # started, no outcome: it stays reserved, and nothing of this run is out
-    with pytest.raises(OverBudget, match=r"reserves \$0.4000 .* has \$0.1000 left \(\$0.1000 spent, \$0.8000 reserved\)"):
-        gate.hold()
-    t.join(5)
+
+def test_a_waiting_session_is_refused_once_the_last_session_out_settles_at_its_whole_reservation(ledger):
+    """The wait ends on every settlement, a refusal too: a session waiting for money that never
+    comes back is told so, not left waiting."""
+    async def scenario() -> None:
+        gate = Gate(ledger, D("1"), D("0.6"))
+        await gate.hold()
+        waiting = asyncio.create_task(gate.hold())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        _started(ledger, "p/a", {"reserved_usd": "0.6", "campaign_usd": "1"})
+        ledger.outcome("p/a", 1, "failed", {})  # no cost stated: settled at the whole reservation
+        await gate.done(ledger, "p/a", 1)
+        with pytest.raises(OverBudget):
+            await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(scenario())
 
 
 def test_a_restarted_run_starts_from_the_journaled_books(ledger):
@@ -90,11 +100,11 @@ def test_a_restarted_run_starts_from_the_journaled_books(ledger):
     gate = Gate(Ledger(ledger.store, "c"), D("1"), D("0.4"))
     assert (gate.spent, gate.reserved) == (D("0.3"), D("0.4"))
     with pytest.raises(OverBudget):
-        gate.hold()  # 0.3 + 0.4 + 0.4 > 1, and p/a is not this run's to wait for
+        asyncio.run(gate.hold())  # 0.3 + 0.4 + 0.4 > 1, and p/a is not this run's to wait for
     gate.adopt()  # this run follows p/a to its end after all: it settles at 0.2
     ledger.outcome("p/a", 1, "succeeded", {"cost_usd": "0.2"})
-    gate.done(ledger, "p/a", 1)
-    gate.hold()
+    asyncio.run(gate.done(ledger, "p/a", 1))
+    asyncio.run(gate.hold())
     assert (gate.spent, gate.reserved) == (D("0.5"), D("0.4"))
 
 

@@ -8,6 +8,7 @@ does; the sessions' streams are the real CLI's (tests/data)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from decimal import Decimal
@@ -39,7 +40,6 @@ class AsideExecutor:
 
     def __init__(self) -> None:
         self.first: str | None = None
-        self.asked = threading.Event()  # a second session reached run(), or waits for money
         self.lock = threading.Lock()
 
     def preflight(self) -> None: ...
@@ -57,14 +57,14 @@ class AsideExecutor:
 
     def close(self) -> None: ...
 
-    def run(self, plan, probe, sealed, scratch, store, keys, also_collect, started, slot):
+    async def run(self, plan, probe, sealed, scratch, store, keys, also_collect, started, slot):
         with self.lock:
             first = self.first is None
             self.first = self.first or keys.session
         if first:
             assert slot.aside()
-            self.asked.wait(1.0)  # the other session has had its chance to take the slot
-            assert slot.back(20), "the slot never came back"
+            await asyncio.sleep(1.0)  # the other session has had its chance to take the slot
+            assert await slot.back(20), "the slot never came back"
         started()
         store.put(keys.stream, STREAM)
         return {"executor": self.name, "confinement": self.confinement, "network_confined": False,
@@ -144,12 +144,16 @@ class HeldExecutor(AsideExecutor):
         self.release = threading.Event()
         self.runs = 0
 
-    def run(self, plan, probe, sealed, scratch, store, keys, also_collect, started, slot):
+    async def run(self, plan, probe, sealed, scratch, store, keys, also_collect, started, slot):
         with self.lock:
             self.runs += 1
-        assert self.release.wait(30), "never released"
+        for _ in range(3000):  # released by the test's thread
+            if self.release.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert self.release.is_set(), "never released"
         self.first = keys.session  # no stepping aside here
-        return super().run(plan, probe, sealed, scratch, store, keys, also_collect, started, slot)
+        return await super().run(plan, probe, sealed, scratch, store, keys, also_collect, started, slot)
 
 
 def _waiting_while_held(tmp_path, concurrency: int, budget: BudgetSettings | None) -> tuple[dict, dict, list[str]]:

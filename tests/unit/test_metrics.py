@@ -4,6 +4,7 @@ complete expected samples; and that nothing a session sends becomes a label valu
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import time
@@ -188,15 +189,15 @@ def test_the_budget_gate_tells_its_books_in_their_order(tmp_path):
                 registry.get_sample_value("probe_runner_budget_left_usd", {"campaign": "c1"}))
 
     assert books() == (0, 1)
-    gate.hold()
+    asyncio.run(gate.hold())
     assert books() == (0.4, 0.6)
     ledger.intent("P-1/present-001", 1, {"d": 1})
     ledger.start("P-1/present-001", 1, gate.money())
     ledger.outcome("P-1/present-001", 1, "succeeded", {"cost_usd": "0.1"})
-    gate.done(ledger, "P-1/present-001", 1)
+    asyncio.run(gate.done(ledger, "P-1/present-001", 1))
     assert books() == (0, 0.9)
-    gate.hold()
-    gate.done(ledger, "P-1/present-002", 1)  # never started: its hold is given back
+    asyncio.run(gate.hold())
+    asyncio.run(gate.done(ledger, "P-1/present-002", 1))  # never started: its hold is given back
     assert books() == (0, 0.9)
 
 

@@ -5,6 +5,7 @@ other failures are logged and retried with a growing pause, not every second for
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -67,7 +68,7 @@ def test_a_waiter_is_told_when_the_watch_is_refused_later(monkeypatch):
     kube.errors.append(_api_error(401, "Unauthorized", "Unauthorized"))
     kube.stopped.set()  # the watch's connection drops; the re-list is refused
     with pytest.raises(UserError, match="401 Unauthorized"):
-        cache.wait("pod-a", lambda pod: pod is not None, timeout=30)
+        asyncio.run(cache.wait("pod-a", lambda pod: pod is not None, timeout=30))
 
 
 def test_other_failures_are_logged_and_retried_with_a_growing_pause(monkeypatch, caplog):
@@ -99,30 +100,57 @@ def test_an_event_wakes_only_the_waiters_of_its_pod():
     checks = {"b": 0, "c": 0}
     got: dict[str, object] = {}
 
-    def waiter(name: str) -> None:
+    async def waiter(name: str) -> None:
         def running(pod):
             checks[name] += 1
             return pod is not None and pod["status"]["phase"] == "Running" and pod["metadata"]["resourceVersion"]
 
-        got[name] = cache.wait(name, running, timeout=10)
+        got[name] = await cache.wait(name, running, timeout=10)
 
-    threads = [threading.Thread(target=waiter, args=(n,)) for n in ("b", "c")]
-    for t in threads:
-        t.start()
+    # The waiters are coroutines of the campaign's loop (its own thread here); the events come
+    # from the watch's thread (this one).
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    waiters = [asyncio.run_coroutine_threadsafe(waiter(n), loop) for n in ("b", "c")]
     while sum(checks.values()) < 2:
         time.sleep(0.01)
     for rv in range(200):
         cache._apply("MODIFIED", _pod("a", rv))
         time.sleep(0.0005)
     cache._apply("MODIFIED", _pod("b", 1000, "Running"))
-    threads[0].join(5)
+    waiters[0].result(5)
     assert got["b"] == "1000"
     assert checks["b"] == 2  # before: about 200, once per event of pod a
     assert checks["c"] == 1
     cache._relist()  # a re-list may have changed any pod: every waiter looks again
     cache._apply("MODIFIED", _pod("c", 1001, "Running"))
-    threads[1].join(5)
+    waiters[1].result(5)
     assert got["c"] == "1001" and checks["c"] >= 2 and not cache._waiting
+    loop.call_soon_threadsafe(loop.stop)
+
+
+def test_thousands_of_sessions_wait_on_their_pods_without_a_thread_each():
+    """Issue 32, item 1: "No thread per session. The controller's waiting (pod start, stream
+    follow, collection) on an event loop". 2,000 waiters, each on its own pod, add no thread,
+    and each is woken by its pod's event alone."""
+    cache = PodCache(FakeKube([]), "app=x")
+    names = [f"s-{i}" for i in range(2000)]
+
+    async def scenario() -> list[object]:
+        waiting = [asyncio.create_task(cache.wait(n, lambda p: p is not None and p["metadata"]["resourceVersion"], 30))
+                   for n in names]
+        while len(cache._waiting) < len(names):
+            await asyncio.sleep(0.01)
+        threads = threading.active_count()
+        feeder = threading.Thread(target=lambda: [cache._apply("ADDED", _pod(n, i)) for i, n in enumerate(names)])
+        feeder.start()
+        got = await asyncio.gather(*waiting)
+        feeder.join()
+        assert threads <= 2, f"{threads} threads while 2,000 sessions waited"  # this one and pytest-timeout's at most
+        return got
+
+    assert asyncio.run(scenario()) == [str(i) for i in range(2000)]
+    assert not cache._waiting
 
 
 def test_a_pod_is_kept_as_what_the_runner_reads_of_it():

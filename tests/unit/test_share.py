@@ -4,6 +4,7 @@ ledger's guarantees kept (no session twice, every session once, one verifiable e
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -87,13 +88,13 @@ def test_a_shares_gate_holds_its_sessions_to_its_part_and_journals_the_campaigns
     assert books(ledger, {"p/mine", "p/later"}).spent == D("0.05") and books(ledger, {"p/mine"}).reserved == 0
     gate = Gate(ledger, D("1"), D("0.4"), limit=D("0.5"), sessions={"p/mine", "p/later"})
     assert (gate.budget, gate.spent, gate.reserved) == (D("0.5"), D("0.05"), 0)
-    gate.hold()  # 0.05 + 0.4 fits 0.5; the other share's 0.4 is not counted here
+    asyncio.run(gate.hold())  # 0.05 + 0.4 fits 0.5; the other share's 0.4 is not counted here
     assert gate.money() == {"reserved_usd": "0.4", "campaign_usd": "1"}  # the journal keeps the campaign's budget
-    gate.done(ledger, "p/later", 1)  # never started: given back
+    asyncio.run(gate.done(ledger, "p/later", 1))  # never started: given back
     gate.reserved += D("0.4")  # held again, as a second hold would
     with pytest.raises(OverBudget, match=r"this controller's part of the campaign's budget \(\$0.5000 of \$1.0000, in "
                                          r"proportion to its share of the sessions\) has \$0.0500 left"):
-        gate.hold()
+        asyncio.run(gate.hold())
 
 
 def test_an_indexed_controller_job_is_the_plain_one_with_a_pod_per_share():

@@ -7,6 +7,10 @@ where 60 s sessions polled every 15 s need about 10."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 from runner.executors.kubernetes import KubernetesExecutor
 from runner.k8s.api import ExecResult, Tally
 from runner.retry import RetryPolicy
@@ -64,3 +68,51 @@ def test_the_last_fetch_reads_to_the_readers_count_whatever_the_chunks(tmp_path)
     got = _executor(kube, 4096)._fetch("pod", spool, 0, 12_000)
     assert got == 12_000 and spool.read_bytes() == kube.data
     assert kube.execs == [(0, 4096), (4096, 4096), (8000, 4000), (11000, 1000)]
+
+
+class StalledNode(GrowingStream):
+    """Every exec stalls, as to a pod on a lost node, until the test lets them go."""
+
+    def __init__(self) -> None:
+        super().__init__(start=0, grow=0, limit=0)
+        self.go = threading.Event()
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def exec(self, pod, container, argv, stdin=None, timeout=60.0) -> ExecResult:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        self.go.wait(10)
+        with self.lock:
+            self.now -= 1
+        return ExecResult(b"", b"", 0)
+
+
+class NoEnd:
+    """A pod cache whose harnesses never end: each wait lasts its timeout."""
+
+    async def wait(self, name, until, timeout):
+        await asyncio.sleep(timeout)
+
+
+def test_stalled_follows_take_at_most_half_the_runs_threads(tmp_path):
+    """Issue 32, item 1: sessions wait on one event loop and their requests run on a bounded pool
+    (io_threads). A lost node's pods stall their follows up to the exec's deadlines; those take
+    at most half the pool, so the rest is left to every other session's start, end and journal."""
+    kube = StalledNode()
+    settings = Settings(io_threads=4, kube=KubeSettings(namespace="ns", stream_poll_seconds=0.05))
+    executor = KubernetesExecutor(settings, kube)  # type: ignore[arg-type]  # only exec and retry are used
+    executor.cache = NoEnd()  # type: ignore[assignment]
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=settings.io_threads))
+        follows = [asyncio.create_task(executor._follow(f"pod-{i}", tmp_path / f"{i}.spool", 1.0)) for i in range(6)]
+        await asyncio.sleep(0.5)  # ten polls each: every session would follow now
+        assert kube.most == 2, f"{kube.most} follows in flight, of a pool of 4"
+        # the other half is free: a session's start or end runs at once
+        assert await asyncio.wait_for(asyncio.to_thread(lambda: "delivered"), 1) == "delivered"
+        kube.go.set()
+        assert [end for end, _ in await asyncio.gather(*follows)] == [None] * 6  # each to its limit, none lost
+
+    asyncio.run(scenario())

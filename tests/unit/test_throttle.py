@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -50,7 +51,7 @@ class Clock:
     def __call__(self) -> float:
         return self.t
 
-    def sleep(self, s: float) -> None:
+    async def sleep(self, s: float) -> None:
         self.slept.append(s)
         self.t += s
 
@@ -60,8 +61,8 @@ def test_pause_doubles_up_to_the_ceiling_and_a_clean_session_resets_it():
     b = Backoff(base=10, ceiling=35, clock=c, sleep=c.sleep)
     hit = Signals(retries=1)
     assert [b.record(hit) for _ in range(4)] == [10, 20, 35, 35]  # not_before only moves forward
-    assert b.wait() == 35 and c.t == 1035
-    assert b.wait() == 0  # the gate is open again
+    assert asyncio.run(b.wait()) == 35 and c.t == 1035
+    assert asyncio.run(b.wait()) == 0  # the gate is open again
     assert b.record(Signals()) == 0 and b.pause == 0
     assert b.record(hit) == 10  # after a clean session the pause starts over
 
@@ -87,14 +88,18 @@ def test_a_refused_key_is_noted_from_a_retry_or_the_result_and_is_not_throttling
     assert s.refused is None
 
 
+async def _never(seconds: float) -> None:
+    pytest.fail("a halted gate does not wait")
+
+
 def test_a_refused_key_halts_every_later_start_even_after_a_clean_session():
-    gate = Backoff(base=30, ceiling=300, clock=lambda: 0.0, sleep=lambda _: pytest.fail("a halted gate does not wait"))
-    assert gate.wait() == 0.0
+    gate = Backoff(base=30, ceiling=300, clock=lambda: 0.0, sleep=_never)
+    assert asyncio.run(gate.wait()) == 0.0
     assert gate.record(Signals(refused=401)) == 0.0  # no pause: a halt
     gate.record(Signals())
     for _ in range(2):
         with pytest.raises(Halted, match="the provider refused the key with HTTP 401 in an earlier session"):
-            gate.wait()
+            asyncio.run(gate.wait())
 
 
 
@@ -104,8 +109,8 @@ def test_a_throttle_pause_says_why_sessions_wait():
     b = Backoff(base=10, ceiling=35, clock=c, sleep=c.sleep)
     told: list[str] = []
     b.record(Signals(retries=1))
-    assert b.wait(told.append) == 10
+    assert asyncio.run(b.wait(told.append)) == 10
     said = "a throttle pause: the provider throttled a session; new sessions start in"
     assert told == [f"{said} 10 s", f"{said} 5 s"]  # told again at each of its sleeps (at most 5 s)
     told.clear()
-    assert b.wait(told.append) == 0 and told == []  # open: nothing to say
+    assert asyncio.run(b.wait(told.append)) == 0 and told == []  # open: nothing to say
