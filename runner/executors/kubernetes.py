@@ -127,7 +127,7 @@ class KubernetesExecutor:
         k = self.settings.kube
         self.waiting_room = k.waiting_pods
         self._create_slots = asyncio.Semaphore(k.create_concurrency)  # the campaign's event loop's (runner/aio.py)
-        self._follow_limit, self._following = max(1, self.settings.io_threads // 2), 0  # follows in flight (_follow)
+        self._follows = asyncio.Semaphore(max(1, self.settings.io_threads // 2))  # follows in flight (_follow)
         self._delete_slots = threading.BoundedSemaphore(k.delete_concurrency)
         self.observed = PodMilestones()
         self.confinement = CONFINEMENT_PROSE.format(route=ROUTE_PROSE[self.settings.gateway.enabled])
@@ -489,7 +489,9 @@ class KubernetesExecutor:
         (its volumes go with it) then loses at most that much of the stream, not all of it.
         Returns the end (None on timeout) and the bytes spooled so far. Follows in flight take
         at most half the run's io_threads: a lost node's pods stall theirs up to the exec's
-        deadlines, and the other half stays for every session's start, end and journal."""
+        deadlines, and the other half stays for every session's start, end and journal. A
+        follow waits its turn (sessions started together poll together), looking for the
+        harness's end each second meanwhile, so a turn never delays the session's end."""
         assert self.cache is not None
         deadline = time.monotonic() + limit
         fetched = 0
@@ -498,16 +500,21 @@ class KubernetesExecutor:
                                                                                 deadline - time.monotonic())))
             if end or time.monotonic() >= deadline:
                 return end, fetched
-            if self._following >= self._follow_limit:  # the rest of the threads are the starts', ends' and journal's
-                log.debug("%s: this poll's follow skipped: %d follows in flight", pod, self._following)
-                continue
-            self._following += 1
+            while True:  # a follow slot (the rest of the threads are the starts', ends' and journal's), looking each second for the end
+                try:
+                    async with asyncio.timeout(1.0):
+                        await self._follows.acquire()
+                    break
+                except TimeoutError:
+                    end = _harness_end(self.cache.get(pod))
+                    if end or time.monotonic() >= deadline:
+                        return end, fetched
             try:
                 fetched = await blocking(self._fetch, pod, spool, fetched, None)
             except ExecError as e:  # no stream yet, or a transfer that broke: the next poll goes on from here
                 log.debug("%s: following the stream: %s", pod, e)
             finally:
-                self._following -= 1
+                self._follows.release()
 
     def _salvage(self, pod: str, spool: Path, store: Store, keys: SessionKeys) -> dict[str, Any]:
         """Keep what can still be read of a stream that cannot be proven complete: what was

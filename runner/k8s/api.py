@@ -133,22 +133,37 @@ def _bounded_websocket_call(configuration: client.Configuration, method: str, ur
         raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from None
 
 
+@functools.lru_cache(maxsize=8)
+def _tls_context(ca: str | None, check_hostname: bool, certfile: str | None, keyfile: str | None) -> ssl.SSLContext:
+    """The TLS context of the exec connections, as websocket-client would build it from ssl
+    options (``ca`` None: no verification), built once: websocket-client builds one per
+    connection, loading the CA bundle each time, and that was about a sixth of the
+    controller's CPU at 1,000 sessions at once (py-spy, bench/README.md). A CA or client
+    certificate rotated on disk is read by a new controller, as the REST client's pool does."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca is None:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context.load_verify_locations(cafile=ca)
+        context.check_hostname = check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED
+    if certfile:
+        context.load_cert_chain(certfile, keyfile)
+    return context
+
+
 def _open_websocket(configuration: client.Configuration, url: str, headers: dict[str, str],
                     timeout: float | None) -> websocket.WebSocket:
     """ws_client.create_websocket, with ``timeout`` on the connect (TCP, TLS, the upgrade)."""
     header = [f"authorization: {headers['authorization']}"] if "authorization" in headers else []
     header.append(f"user-agent: {headers.get('User-Agent') or USER_AGENT}")
     header.append(f"sec-websocket-protocol: {headers.get('sec-websocket-protocol') or f'{ws_client.V5_CHANNEL_PROTOCOL},{ws_client.V4_CHANNEL_PROTOCOL}'}")
-    if url.startswith("wss://") and configuration.verify_ssl:
-        ssl_opts: dict[str, object] = {"cert_reqs": ssl.CERT_REQUIRED, "ca_certs": configuration.ssl_ca_cert or certifi.where()}
-        if configuration.assert_hostname is not None:
-            ssl_opts["check_hostname"] = configuration.assert_hostname
-    else:
-        ssl_opts = {"cert_reqs": ssl.CERT_NONE}
-    if configuration.cert_file:
-        ssl_opts["certfile"] = configuration.cert_file
-    if configuration.key_file:
-        ssl_opts["keyfile"] = configuration.key_file
+    verify = url.startswith("wss://") and bool(configuration.verify_ssl)
+    ssl_opts: dict[str, object] = {"context": _tls_context(
+        configuration.ssl_ca_cert or certifi.where() if verify else None,
+        True if not verify or configuration.assert_hostname is None else bool(configuration.assert_hostname),
+        configuration.cert_file or None, configuration.key_file or None)}
     if configuration.tls_server_name:
         ssl_opts["server_hostname"] = configuration.tls_server_name
     connect_opt: dict[str, Any] = {"header": header, "timeout": timeout}

@@ -90,29 +90,41 @@ class StalledNode(GrowingStream):
 
 
 class NoEnd:
-    """A pod cache whose harnesses never end: each wait lasts its timeout."""
+    """A pod cache whose harnesses never end (each wait lasts its timeout) but those the test ends."""
+
+    def __init__(self) -> None:
+        self.ended: set[str] = set()
+
+    def get(self, name):
+        harness = {"name": "harness", "state": {"terminated": {"exitCode": 0}} if name in self.ended else {"running": {}}}
+        return {"metadata": {"name": name}, "status": {"phase": "Running", "containerStatuses": [harness]}}
 
     async def wait(self, name, until, timeout):
         await asyncio.sleep(timeout)
+        return until(self.get(name))
 
 
 def test_stalled_follows_take_at_most_half_the_runs_threads(tmp_path):
     """Issue 32, item 1: sessions wait on one event loop and their requests run on a bounded pool
     (io_threads). A lost node's pods stall their follows up to the exec's deadlines; those take
-    at most half the pool, so the rest is left to every other session's start, end and journal."""
+    at most half the pool, so the rest is left to every other session's start, end and journal,
+    and a session whose follow waits its turn still sees its harness's end."""
     kube = StalledNode()
     settings = Settings(io_threads=4, kube=KubeSettings(namespace="ns", stream_poll_seconds=0.05))
     executor = KubernetesExecutor(settings, kube)  # type: ignore[arg-type]  # only exec and retry are used
-    executor.cache = NoEnd()  # type: ignore[assignment]
+    cache = executor.cache = NoEnd()  # type: ignore[assignment]
 
     async def scenario() -> None:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=settings.io_threads))
-        follows = [asyncio.create_task(executor._follow(f"pod-{i}", tmp_path / f"{i}.spool", 1.0)) for i in range(6)]
-        await asyncio.sleep(0.5)  # ten polls each: every session would follow now
+        follows = [asyncio.create_task(executor._follow(f"pod-{i}", tmp_path / f"{i}.spool", 4.0)) for i in range(6)]
+        await asyncio.sleep(1.5)  # thirty polls each, and each waiting follow has looked for its end
         assert kube.most == 2, f"{kube.most} follows in flight, of a pool of 4"
         # the other half is free: a session's start or end runs at once
         assert await asyncio.wait_for(asyncio.to_thread(lambda: "delivered"), 1) == "delivered"
+        cache.ended.add("pod-5")  # its harness ends while its follow waits its turn behind the stalled ones
+        end, _ = await asyncio.wait_for(follows[5], 2)
+        assert end is not None and end.terminated == {"exitCode": 0} and kube.now == 2
         kube.go.set()
-        assert [end for end, _ in await asyncio.gather(*follows)] == [None] * 6  # each to its limit, none lost
+        assert [end for end, _ in await asyncio.gather(*follows[:5])] == [None] * 5  # each to its limit, none lost
 
     asyncio.run(scenario())
