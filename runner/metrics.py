@@ -81,7 +81,7 @@ def verb_of(method: str) -> str:
 
 class RunMetrics:
     """A run's sessions, starts, outcomes, spend, budget and throttle pauses, by campaign (and
-    arm); a RunSubscriber, told from the run's session threads at once."""
+    arm); a RunSubscriber, told from the run's event loop (runner/aio.py)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.sessions = Gauge(f"{PREFIX}_sessions", "Sessions of this run by state: waiting (planned, not started), "

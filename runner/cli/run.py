@@ -5,7 +5,6 @@ came to, rendered."""
 from __future__ import annotations
 
 import sys
-import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -96,42 +95,41 @@ def run_and_report(settings: Settings, plan: Plan, corpus: Path, executor: str =
 class RunProgress:
     """A run's progress as it goes (runner/progress.py's events): on a terminal the live board
     (runner/live.py), otherwise one line per session that ends and per note (a pause, a stop).
-    Told from the run's session threads at once, so it takes them one at a time."""
+    Told from one thread at a time: the run's event loop (runner/aio.py), and the caller's
+    before and after it."""
 
     def __init__(self, out: IO[str]) -> None:
         self.out = out
         self.total = self.done = 0
         self.cost = Decimal(0)
-        self.lock = threading.Lock()
         self.live: LiveProgress | None = None
 
     def __call__(self, event: RunEvent) -> None:
-        with self.lock:
-            if isinstance(event, RunPlanned):
-                self.total = sum(event.arms.values())
-                if self.total and getattr(self.out, "isatty", lambda: False)():
-                    from runner.live import LiveProgress
+        if isinstance(event, RunPlanned):
+            self.total = sum(event.arms.values())
+            if self.total and getattr(self.out, "isatty", lambda: False)():
+                from runner.live import LiveProgress
 
-                    self.live = LiveProgress(event.campaign, event.arms, self.out)
-            elif isinstance(event, SessionStarted):
-                if self.live is not None:
-                    self.live.start(event.arm, event.key)
-            elif isinstance(event, SessionEnded):
-                self.done += 1
-                if event.cost is not None:
-                    self.cost += event.cost
-                if self.live is not None:
-                    self.live.end(event.arm, event.key, event.status, event.cost)
-                else:
-                    print(f"[{self.done}/{self.total}] {event.probe} {event.session}: {event.status}  "
-                          f"(cost so far ${self.cost:.4f})", file=self.out, flush=True)
-            elif isinstance(event, RunNote):
-                if self.live is not None:
-                    self.live.note(event.text)
-                else:
-                    print(event.text, file=self.out, flush=True)
-            elif isinstance(event, RunEnded) and self.live is not None:
-                self.live.close()
+                self.live = LiveProgress(event.campaign, event.arms, self.out)
+        elif isinstance(event, SessionStarted):
+            if self.live is not None:
+                self.live.start(event.arm, event.key)
+        elif isinstance(event, SessionEnded):
+            self.done += 1
+            if event.cost is not None:
+                self.cost += event.cost
+            if self.live is not None:
+                self.live.end(event.arm, event.key, event.status, event.cost)
+            else:
+                print(f"[{self.done}/{self.total}] {event.probe} {event.session}: {event.status}  "
+                      f"(cost so far ${self.cost:.4f})", file=self.out, flush=True)
+        elif isinstance(event, RunNote):
+            if self.live is not None:
+                self.live.note(event.text)
+            else:
+                print(event.text, file=self.out, flush=True)
+        elif isinstance(event, RunEnded) and self.live is not None:
+            self.live.close()
 
 
 def render_run(done: CampaignRun) -> int:

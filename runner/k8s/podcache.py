@@ -3,9 +3,9 @@ a pod before each operation.
 
 The watch resumes from the last resourceVersion it saw; a 410 Gone (the version was
 compacted away) or any other end re-lists and starts a new watch, so no transition is missed
-for good. Waiters block on a condition until a pod's state satisfies them, and a pod that
-vanishes from a re-list counts as deleted. Waiters are coroutines of the campaign's event loop
-(runner/aio.py): a session waiting on its pod holds no thread.
+for good. Waiters are coroutines of the campaign's event loop (runner/aio.py), woken by their
+pod's events until its state satisfies them, so a session waiting on its pod holds no thread;
+a pod that vanishes from a re-list counts as deleted.
 
 A pod is kept ``trimmed``: its metadata without managedFields, its node, its status. A whole
 pod is about 77 KB as Python objects, and a campaign holds one per session running. An event
