@@ -19,6 +19,7 @@ import base64
 import functools
 import json
 import re
+import socket
 import ssl
 import threading
 import time
@@ -48,6 +49,7 @@ USER_AGENT = f"probe-runner/{__version__}"
 R = TypeVar("R")
 # An object as the API sends it and as the runner writes its manifests: plain JSON, camelCase.
 Obj = dict[str, Any]
+SESSION_REFRESH_SECONDS = 600.0  # how long an exec connection's TLS session is offered before a newer one replaces it
 
 
 class QuotaExceeded(Exception):
@@ -133,14 +135,74 @@ def _bounded_websocket_call(configuration: client.Configuration, method: str, ur
         raise ApiException(status=0, reason=f"{type(e).__name__}: {e}") from None
 
 
+class _ResumedSocket(ssl.SSLSocket):
+    """An exec connection that leaves its session with its context (see _ResumingContext) once
+    it holds a ticket: TLS 1.3 sends one after the handshake, so it is there once the upgrade's
+    answer has been read. Left on a read, not at the close: websocket-client lets a connection
+    the server closed go without closing it."""
+
+    resume_key: tuple[object, ...] | None = None
+
+    def read(self, len: int = 1024, buffer: Any = None) -> Any:  # recv and recv_into read through here
+        got = super().read(len, buffer)
+        if self.resume_key is not None:
+            self._leave_session()
+        return got
+
+    def _leave_session(self) -> None:
+        context, key = self.context, self.resume_key
+        assert isinstance(context, _ResumingContext) and key is not None
+        # A resumed connection leaves the held session in place while it is fresh: reading
+        # this one's copies it (its certificates serialized and parsed again).
+        if (self.session_reused and context.fresh(key)) or context.keep(key, self.session):
+            self.resume_key = None
+
+
+class _ResumingContext(ssl.SSLContext):
+    """The exec connections' TLS context: each connection offers the session held for its
+    server (TLS session resumption). Every exec is a new connection (a WebSocket upgrade takes
+    its connection), and a full handshake costs the controller the server's certificate chain
+    verified and the API server a signature, for each of a session's execs; resumed, the keys
+    are agreed anew (TLS 1.3's PSK with ECDHE) without either (bench/exec_cost.py). A server
+    that refuses the ticket (restarted, its ticket keys rotated, another replica behind the
+    address) answers with a full handshake, verified as ever, whose session is held next; the
+    session is offered only to the address and name it came from, and replaced by a newer one
+    after SESSION_REFRESH_SECONDS."""
+
+    sslsocket_class = _ResumedSocket
+    _sessions: dict[tuple[object, ...], ssl.SSLSession]
+
+    def fresh(self, key: tuple[object, ...]) -> bool:
+        held = self._sessions.get(key)
+        return held is not None and time.time() - held.time < SESSION_REFRESH_SECONDS
+
+    def keep(self, key: tuple[object, ...], session: ssl.SSLSession | None) -> bool:
+        """Hold ``session`` for the next connections to ``key``; False while it has no ticket."""
+        if session is None or not session.has_ticket:
+            return False
+        self._sessions[key] = session
+        return True
+
+    def wrap_socket(self, sock: socket.socket, server_side: bool = False, do_handshake_on_connect: bool = True,
+                    suppress_ragged_eofs: bool = True, server_hostname: str | bytes | None = None,
+                    session: ssl.SSLSession | None = None) -> ssl.SSLSocket:
+        key = (server_hostname, sock.getpeername())
+        wrapped = super().wrap_socket(sock, server_side, do_handshake_on_connect, suppress_ragged_eofs,
+                                      server_hostname, session or self._sessions.get(key))
+        assert isinstance(wrapped, _ResumedSocket)
+        wrapped.resume_key = key
+        return wrapped
+
+
 @functools.lru_cache(maxsize=8)
-def _tls_context(ca: str | None, check_hostname: bool, certfile: str | None, keyfile: str | None) -> ssl.SSLContext:
+def _tls_context(ca: str | None, check_hostname: bool, certfile: str | None, keyfile: str | None) -> _ResumingContext:
     """The TLS context of the exec connections, as websocket-client would build it from ssl
     options (``ca`` None: no verification), built once: websocket-client builds one per
     connection, loading the CA bundle each time, and that was about a sixth of the
     controller's CPU at 1,000 sessions at once (py-spy, bench/README.md). A CA or client
     certificate rotated on disk is read by a new controller, as the REST client's pool does."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context = _ResumingContext(ssl.PROTOCOL_TLS_CLIENT)
+    context._sessions = {}
     if ca is None:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -231,12 +293,27 @@ class Kube:
                 return fn(*args, **kwargs)
         raise AssertionError("unreachable: the retry policy ends by returning or raising")
 
+    def answer(self, fn: Callable[..., Any], *args: object, **kwargs: object) -> bytes:
+        """``fn``'s answer as the API server sent it (JSON), under the retry policy. The client
+        builds a model of every answer, which the runner would turn back into a dict or drop:
+        for each pod created and deleted that was 13% of the controller's samples holding the
+        GIL at 1,000 sessions at once (py-spy --gil, bench/README.md)."""
+        @functools.wraps(fn)  # its name: the metrics' verb
+        def read() -> bytes:
+            resp = fn(*args, _preload_content=False, **kwargs)  # an answer >= 300 raises as before, its body kept
+            try:
+                body: bytes = resp.read()
+            finally:
+                resp.release_conn()
+            return body
+        return self.call(read)
+
     # ---- pods --------------------------------------------------------------------------
 
     def create_pod(self, manifest: Obj) -> bool:
         """Create; False when a pod of that name exists already (ours: names are deterministic)."""
         try:
-            self.call(self.core.create_namespaced_pod, self.namespace, manifest, _request_timeout=30)
+            self.answer(self.core.create_namespaced_pod, self.namespace, manifest, _request_timeout=30)
             return True
         except ApiException as e:
             if e.status == 409:
@@ -248,18 +325,16 @@ class Kube:
     def delete_pod(self, name: str, grace_seconds: int | None = None) -> None:
         body = client.V1DeleteOptions(grace_period_seconds=grace_seconds) if grace_seconds is not None else None
         try:
-            self.call(self.core.delete_namespaced_pod, name, self.namespace, body=body, _request_timeout=30)
+            self.answer(self.core.delete_namespaced_pod, name, self.namespace, body=body, _request_timeout=30)
         except ApiException as e:
             if e.status != 404:
                 raise
 
     def list_pods(self, label_selector: str) -> tuple[list[Obj], str | None]:
         """Pods as plain dicts (camelCase, as the API sends them) and the list's resourceVersion."""
-        resp = self.call(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,
-                         _request_timeout=60)
-        items: list[Obj] = [self.api_client.sanitize_for_serialization(p) for p in resp.items]
-        assert resp.metadata is not None, "the API server sends every list with its metadata"
-        return items, resp.metadata.resource_version
+        resp = json.loads(self.answer(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,
+                                      _request_timeout=60))
+        return resp.get("items") or [], resp["metadata"].get("resourceVersion")
 
     def watch_pods(self, label_selector: str, resource_version: str | None) -> Iterator[Obj]:
         """Events from ``resource_version`` on, as dicts ``{"type", "object"}``; ends when the
@@ -355,18 +430,17 @@ class Kube:
     def read_lease(self, name: str) -> Obj | None:
         """Lease ``name`` as a dict (its resourceVersion with it), or None where there is none."""
         try:
-            lease = self.call(self.coordination.read_namespaced_lease, name, self.namespace, _request_timeout=30)
+            read: Obj = json.loads(self.answer(self.coordination.read_namespaced_lease, name, self.namespace,
+                                               _request_timeout=30))
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        read: Obj = self.api_client.sanitize_for_serialization(lease)
         return read
 
     def list_leases(self, label_selector: str) -> list[Obj]:
-        resp = self.call(self.coordination.list_namespaced_lease, self.namespace, label_selector=label_selector,
-                         _request_timeout=60)
-        leases: list[Obj] = [self.api_client.sanitize_for_serialization(x) for x in resp.items]
+        leases: list[Obj] = json.loads(self.answer(self.coordination.list_namespaced_lease, self.namespace,
+                                                   label_selector=label_selector, _request_timeout=60)).get("items") or []
         return leases
 
     def write_lease(self, manifest: Obj) -> Obj:
@@ -374,15 +448,15 @@ class Kube:
         read at (optimistic concurrency); Conflict where it exists already, or changed since."""
         try:
             if manifest["metadata"].get("resourceVersion"):
-                out = self.call(self.coordination.replace_namespaced_lease, manifest["metadata"]["name"], self.namespace,
-                                manifest, _request_timeout=30)
+                out = self.answer(self.coordination.replace_namespaced_lease, manifest["metadata"]["name"], self.namespace,
+                                  manifest, _request_timeout=30)
             else:
-                out = self.call(self.coordination.create_namespaced_lease, self.namespace, manifest, _request_timeout=30)
+                out = self.answer(self.coordination.create_namespaced_lease, self.namespace, manifest, _request_timeout=30)
         except ApiException as e:
             if e.status == 409:
                 raise Conflict(f"Lease {manifest['metadata']['name']} changed since it was read") from e
             raise
-        written: Obj = self.api_client.sanitize_for_serialization(out)
+        written: Obj = json.loads(out)
         return written
 
     # ---- jobs --------------------------------------------------------------------------------
