@@ -18,9 +18,7 @@ identity lands without the chart's objects.
 from __future__ import annotations
 
 import base64
-import datetime
 import http.client
-import ipaddress
 import json
 import secrets
 import ssl
@@ -35,14 +33,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kubernetes import config as k8s_config
 from kubernetes.client import Configuration
 
 from tests.support.builds import CONTROL_PLANE
+from tests.support.certs import self_signed
 from tests.support.helm import render
 from tests.support.waiting import until
 
@@ -58,20 +53,6 @@ WINDOW = 10.0  # seconds measured
 
 
 # ---- the slow webhook ------------------------------------------------------------------------------
-
-def _self_signed() -> tuple[bytes, bytes]:
-    """(certificate, key) PEM for 127.0.0.1, valid an hour."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "probe-runner-test-hold")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    return (cert.public_bytes(serialization.Encoding.PEM),
-            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
 
 
 @dataclass
@@ -105,7 +86,7 @@ class Holder:
 
 
 def _start_holder(tmp: Path) -> Holder:
-    cert, key = _self_signed()
+    cert, key = self_signed("probe-runner-test-hold")
     (tmp / "hold.crt").write_bytes(cert)
     (tmp / "hold.key").write_bytes(key)
     holder: Holder

@@ -6,9 +6,7 @@ verifies as the options did: the server's certificate against the CA, its name c
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
-import ipaddress
 import re
 import socket
 import ssl
@@ -18,14 +16,11 @@ from pathlib import Path
 
 import certifi
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kubernetes import client
 
 from runner.k8s import api
 from runner.k8s.api import _open_websocket, _tls_context
+from tests.support.certs import self_signed
 
 
 def test_the_exec_tls_context_is_built_once_and_verifies_the_api_server():
@@ -44,19 +39,10 @@ def test_the_exec_tls_context_is_built_once_and_verifies_the_api_server():
 # ---- TLS session resumption --------------------------------------------------------------
 
 def _cert(dir: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (its own CA), and its key."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    at = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(at - datetime.timedelta(minutes=5))
-            .not_valid_after(at + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    (dir / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (dir / f"{name}.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                        serialization.NoEncryption()))
+    """A self-signed certificate for 127.0.0.1 (its own CA) and its key, as files."""
+    cert, key = self_signed(name)
+    (dir / f"{name}.pem").write_bytes(cert)
+    (dir / f"{name}.key").write_bytes(key)
     return dir / f"{name}.pem", dir / f"{name}.key"
 
 
