@@ -51,9 +51,9 @@ class _UpgradeServer:
     exec's; it records whether each connection resumed a session. Servers built on one
     ``context`` share its session-ticket keys, as replicas behind one name may."""
 
-    def __init__(self, context: ssl.SSLContext):
+    def __init__(self, context: ssl.SSLContext, port: int = 0):
         self.context = context
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.resumed: list[bool] = []
         threading.Thread(target=self._serve, daemon=True).start()
@@ -149,11 +149,7 @@ def test_a_held_session_does_not_stand_in_for_the_certificate(tmp_path):
     port = real.port
     real.close()
     impostor_cert, impostor_key = _cert(tmp_path, "impostor")
-    impostor = _UpgradeServer.__new__(_UpgradeServer)
-    impostor.context, impostor.resumed = _server_context(impostor_cert, impostor_key), []
-    impostor.listener = socket.create_server(("127.0.0.1", port))
-    impostor.port = port
-    threading.Thread(target=impostor._serve, daemon=True).start()
+    impostor = _UpgradeServer(_server_context(impostor_cert, impostor_key), port)
     try:
         with pytest.raises(ssl.SSLCertVerificationError):
             _connect(ca, port)
