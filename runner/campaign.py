@@ -51,7 +51,9 @@ def named_write_paths(parsed: stream.ParsedStream, workspace: str) -> set[str]:
 
 
 # What stopped a run with sessions left: a failed confinement check, a refused key, the budget.
-StopCause = Literal["unconfined", "key", "budget"]
+StopCause = Literal["unconfined", "key", "policy", "budget"]
+# Where an operator reads what to do when the gateway refuses what every session sends.
+POLICY_FIX = "docs/operating.md, 'The gateway refused the model's calls'"
 
 
 @dataclass
@@ -62,7 +64,8 @@ class RunReport:
     interrupted: list[str] = field(default_factory=list)
     halted: str | None = None  # why session starts stopped (a refused key), or None
     unconfined: str | None = None  # why session starts stopped (a failed confinement check), or None
-    refused: list[str] = field(default_factory=list)  # sessions whose stream showed the key refused
+    refused: list[str] = field(default_factory=list)  # sessions whose stream showed the key refused, or the gateway every call
+    policy: str | None = None  # why session starts stopped: the gateway refused what every session sends, or None
     over_budget: list[str] = field(default_factory=list)  # sessions not started: their reservation did not fit
     budget_why: str | None = None  # the budget's words for the last of them
     ledger_read: str = ""  # ledger.sessions_digest of the planned sessions as this run left them
@@ -86,6 +89,11 @@ class RunReport:
             then = (f"{self.remedies.resume(*self.refused)} runs again the sessions that failed on it and starts those "
                     "not started") if self.refused else again
             return f"halted: {self.halted}; {self.remedies.fix_key}, then {then}", "key"
+        if self.policy:  # the campaign's settings (its model, its CLI, its prices), not a session's doing
+            return (f"halted: the gateway refused every call of {len(self.refused)} session(s), for what every session of the "
+                    f"campaign sends: {self.policy}; no further session was started. Fix the setting it names ({POLICY_FIX}), "
+                    f"then {self.remedies.resume(*self.refused)} runs again the sessions that failed on it and starts those "
+                    "not started", "policy")
         if self.over_budget:
             return (f"budget: {len(self.over_budget)} session(s) not started, e.g. {self.over_budget[0]}: "
                     f"{self.budget_why}. Nothing of them is journaled; raise the budget (--budget-usd) and {again} "
@@ -96,18 +104,23 @@ class RunReport:
 def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, workdir: Path, concurrency: int,
                  produced: list[str], progress: RunSubscriber = ignore, resume: set[str] | None = None,
                  backoff: Backoff | None = None, budget: BudgetSettings | None = None, share: Share = WHOLE,
-                 io_threads: int = 64) -> RunReport:
+                 io_threads: int = 64, admit: Callable[[str | None], None] | None = None) -> RunReport:
     """Run what the ledger says has not run. ``backoff`` (default: none) holds back session
     starts while the provider throttles (see runner/throttle.py); ``budget`` (default: none)
     starts no session whose reservation would take the campaign past its budget (runner/budget.py).
     ``progress`` is told what happens as it happens (runner/progress.py). ``share``: the part of
     the campaign this run owns (runner/share.py; default the whole): its sessions alone, held to
-    its part of the budget; ``concurrency`` is the caller's part of the campaign's.
+    its part of the budget; ``concurrency`` is the caller's part of the campaign's. ``admit`` is
+    given the version the executor's harness reports once its preflight passed, before anything
+    is stored: it raises UserError where the campaign may not run on it (runner/admission.py).
 
     The sessions run as coroutines of one event loop (runner/aio.py), ``concurrency`` plus the
     executor's waiting room of them at once, taking the sessions in the plan's order: a session
     waiting (for the budget, a slot, its pod, its harness's end) holds no thread. What blocks
     (the ledger, the store, sealing, the executor's requests) runs on ``io_threads`` threads."""
+    executor.preflight()
+    if admit is not None:
+        admit(executor.harness_version)
     store_plan(store, plan)
     store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
@@ -115,7 +128,6 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     states = ledger.sessions()
     report = RunReport(executor.remedies(plan.campaign))
     todo: list[tuple[SessionSpec, int, bool]] = []
-    executor.preflight()
     mine = share.sessions(plan)
     final = {(spec.probe, spec.name, st.attempt) for spec in mine
              if (st := states.get(spec.key)) and st.status not in ("pending", "intended", "started")}
@@ -182,6 +194,9 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
             report.halt(halt)
             await not_started(spec, attempt, halt.why)
             return
+        if report.policy and not adopt:  # nothing is journaled: the run after the fix starts it
+            await not_started(spec, attempt, "halted: the gateway refuses what every session sends")
+            return
         if backoff is not None and not adopt:
             try:
                 await backoff.wait(lambda why: slot.note(why, "slot_held"))
@@ -197,6 +212,11 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
                                            produced, adopt, signals, slot, gate.money() if gate is not None else None, phases)
         report.ran.append(spec.key)
         progress(SessionEnded(spec.arm, spec.key, spec.probe, spec.name, status, cost, stored, phases))
+        if signals.policy is not None:
+            report.refused.append(spec.key)
+            report.policy = report.policy or signals.policy
+            progress(RunNote(f"the gateway refused every call of {spec.key}: {signals.policy}: no further session is started "
+                             "(the run's end says what to do)"))
         if backoff is not None and status in ("succeeded", "failed"):
             if signals.refused is not None:
                 report.refused.append(spec.key)
@@ -350,7 +370,10 @@ def _captured(store: Store, ledger: Ledger, executor: Executor, session: str, ke
     store.put(keys.capture, json.dumps(record, indent=1, sort_keys=True).encode())
     parsed = parsed_stream()
     refused = signals.refused
-    status = "failed" if record["timed_out"] or refused is not None else "succeeded"
+    meter = record.get("gateway") or {}
+    if meter.get("refused_every_session") and not meter.get("calls"):  # the model was never reached, for its settings
+        signals.policy = str(meter["refused_every_session"])
+    status = "failed" if record["timed_out"] or refused is not None or signals.policy is not None else "succeeded"
     detail: dict[str, object] = {"stream": record["stream"], "exit_code": record["exit_code"],
                                  "timed_out": record["timed_out"]}
     settled = settled_cost(parsed.cost_usd, record.get("gateway"))
@@ -358,6 +381,8 @@ def _captured(store: Store, ledger: Ledger, executor: Executor, session: str, ke
         detail["cost_usd"] = str(settled)
     if refused is not None:  # the model was never reached: failed, so `ledger resume` can run it again
         detail["reason"] = refused_key(refused)
+    elif signals.policy is not None:  # likewise
+        detail["reason"] = f"the gateway refused every call: {signals.policy}"
     hooks.stage("before-outcome")
     phases["outcome_journaled"] = ledger.outcome(session, keys.attempt, status, detail)["at"]
     log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)

@@ -20,7 +20,8 @@ from pydantic import SecretStr
 from runner import harnesses
 from runner.errors import UserError
 from runner.k8s import images
-from runner.settings import KubeSettings, Settings
+from runner.plan import Plan
+from runner.settings import KubeSettings, Settings, price_of
 
 PROVIDER_TIMEOUT = 20.0  # seconds for the provider's answer to the token count
 NAMED_NODES = 10  # nodes a line names; the rest it counts
@@ -50,13 +51,25 @@ def _run(name: str, fn: Callable[[], str]) -> Check:
         return Check(name, False, str(e))
 
 
-def local_checks(settings: Settings) -> list[Check]:
-    return [
+def local_checks(settings: Settings, plan: Plan | None = None) -> list[Check]:
+    """This host's checks; with ``plan``, also whether its model may run on this host's harness."""
+    checks = [
         _run("confinement", lambda: _confinement(settings)),
         _run("harness", lambda: _harness_version(settings)),
         _run("store", lambda: _store(settings)),
         _run("provider", lambda: _provider(settings)),
     ]
+    if plan is not None:
+        checks.append(_run("model", lambda: _model(settings, plan, _reported(settings))))
+    return checks
+
+
+def _reported(settings: Settings) -> str | None:
+    found = shutil.which(settings.harness.command)
+    if not found:
+        return None
+    out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or None
 
 
 def _confinement(settings: Settings) -> str:
@@ -78,10 +91,28 @@ def _harness_version(settings: Settings) -> str:
                         f"{harness.install}")
     out = subprocess.run([found, "--version"], capture_output=True, text=True, timeout=60)
     version = out.stdout.split()[0] if out.stdout.split() else ""
-    if out.returncode != 0 or version != harness.version:
+    qualified = ", ".join(sorted(harness.qualified))
+    if out.returncode != 0 or version not in harness.qualified:
         raise UserError(f"the harness {found} is version {version or '(none: ' + out.stderr.strip()[:80] + ')'}; the "
-                        f"recorder's rules were verified against {harness.version}: {harness.install}")
-    return f"{found} is {version}, the version the recorder was verified against"
+                        f"recorder is qualified with {qualified} (pinned {harness.version}): {harness.install}, or qualify "
+                        f"it: probe-runner harness qualify --cli {found}")
+    pinned = "the pinned version" if version == harness.version else f"qualified (the pin is {harness.version})"
+    return f"{found} is {version}, {pinned}"
+
+
+def _model(settings: Settings, plan: Plan, version: str | None) -> str:
+    """What `run` and `submit` check of the plan's model before anything is spent (runner/admission.py)."""
+    from runner.admission import refusals, version_of
+
+    if why := refusals(plan.model, version, settings):
+        raise UserError("; ".join(why))
+    v = version_of(version)
+    sends = harnesses.HARNESS.qualification(v, plan.model)
+    assert sends is not None
+    priced = price_of(settings.gateway.prices, sends.model)
+    price = f"metered at ${priced.input}/${priced.output} per million input/output tokens" if priced else "not priced (no budget)"
+    alias = f", whose requests name {sends.model}" if sends.model != plan.model else ""
+    return f"{plan.model} is qualified with {harnesses.HARNESS.name} {v}{alias}; {price}"
 
 
 def _store(settings: Settings) -> str:
@@ -125,7 +156,7 @@ def _provider(settings: Settings) -> str:
     return f"{p.base_url} accepts the key (a token count, HTTP {status}; nothing spent)"
 
 
-def cluster_checks(settings: Settings) -> list[Check]:
+def cluster_checks(settings: Settings, plan: Plan | None = None) -> list[Check]:
     """The install this host's kubeconfig reaches, not this host: the chart's settings, its
     bucket (written and read from here, as submit and pull do), a ready provider gateway (or
     egress proxy, where the gateway is off), which session nodes lack the session images (a
@@ -204,8 +235,16 @@ def cluster_checks(settings: Settings) -> list[Check]:
                 raise
             raise Caveat(f"RuntimeClass {name}, not checked: {e}") from None
 
-    return [_run("chart", chart), _run("store", store), _run("route", route), _run("runtime", runtime),
-            _run("images", node_images), _run("cluster confinement", confinement)]
+    def model() -> str:
+        assert plan is not None
+        install = found.get("install")
+        if install is None:
+            raise UserError("not checked: the chart's settings were not found (above)")
+        return _model(install.model_copy(update={"budget": settings.budget}), plan, None)  # the harness image's pinned CLI
+
+    checks = [_run("chart", chart), _run("store", store), _run("route", route), _run("runtime", runtime),
+              _run("images", node_images), _run("cluster confinement", confinement)]
+    return checks + ([_run("model", model)] if plan is not None else [])
 
 
 GVISOR_HANDLERS = ("runsc", "gvisor")  # the handler names gVisor's installs give it (containerd runtimes.runsc)

@@ -73,7 +73,7 @@ class BudgetSettings(BaseModel):
 
     campaign_usd: Decimal | None = Field(None, gt=0, description="Most the whole campaign may spend, in US dollars, over every run of it; it needs session_usd. Default: none (no limit).")
     session_usd: Decimal | None = Field(None, gt=0, description="Each session's own limit in US dollars, given to the CLI as --max-budget-usd. Default: none (the CLI's own: no limit).")
-    call_usd: Decimal = Field(Decimal("2.00"), gt=0, description="The most one provider call can add past a session's limit, in US dollars: the CLI checks its limit after each answer, so its last call crosses it by less than that call's cost (measured with 2.1.197, bench/README.md). A session reserves session_usd + call_usd. The gateway holds every call to it: a call whose bound (runner/gateway/policy.py: its body in tokens, at most gateway.context_tokens, at the dearest input rate, plus max_tokens of output) is more is refused. The default covers a whole 200k-token context written to the cache and 64k tokens of output at Sonnet prices ($3.75 and $15 per million); raise it for a dearer model. Default: 2.00.")
+    call_usd: Decimal = Field(Decimal("2.00"), gt=0, description="The most one provider call can add past a session's limit, in US dollars: the CLI checks its limit after each answer, so its last call crosses it by less than that call's cost (measured with 2.1.197, bench/README.md). A session reserves session_usd + call_usd. The gateway holds every call to it: a call whose bound (runner/gateway/policy.py: its body in tokens, at most the model's context window, at the dearest input rate, plus max_tokens of output) is more is refused. The default covers a whole 200k-token context written to the cache and 64k tokens of output at Sonnet prices ($3.75 and $15 per million); a campaign on a model whose largest call cannot fit is refused before it starts, with the value to raise it to. Default: 2.00.")
 
     @model_validator(mode="after")
     def _campaign_needs_session(self) -> BudgetSettings:
@@ -86,8 +86,8 @@ class BudgetSettings(BaseModel):
         return None if self.session_usd is None else self.session_usd + self.call_usd
 
 
-class ModelPrice(BaseModel):
-    """US dollars per million tokens of one model."""
+class Rates(BaseModel):
+    """US dollars per million tokens of each kind."""
 
     model_config = ConfigDict(extra="forbid")
     input: Decimal = Field(ge=0)
@@ -97,22 +97,51 @@ class ModelPrice(BaseModel):
     cache_write_1h: Decimal | None = Field(None, ge=0)  # the 1-hour cache's writes; None: twice input, the list price
 
 
+class LongContext(Rates):
+    """A long-context premium: a call whose prompt (input, cache reads and cache writes) is over
+    ``above_tokens`` is billed at these rates, every token of it."""
+
+    above_tokens: int = Field(gt=0)
+
+
+class ModelPrice(Rates):
+    """US dollars per million tokens of one model, and its long-context premium where it has one."""
+
+    long_context: LongContext | None = None
+
+    def tiers(self) -> list[Rates]:
+        """Every set of rates a call of it can be billed at."""
+        return [self, *([self.long_context] if self.long_context is not None else [])]
+
+
 def _price(i: str, o: str, w: str, r: str) -> ModelPrice:
     return ModelPrice(input=Decimal(i), output=Decimal(o), cache_write=Decimal(w), cache_read=Decimal(r))
 
 
-# Anthropic's list prices, US dollars per million tokens (5-minute cache writes), by model-id
-# prefix: each names one model (its alias and its dated ids), so a newer model matches none and
-# is not metered at an older one's price.
+# US dollars per million tokens (5-minute cache writes) by model-id prefix: Anthropic's list
+# prices, and for each model the qualified CLI versions know, the CLI's own arithmetic as
+# `probe-runner harness qualify` measures it (docs/qualification/: every rate agrees). Each
+# prefix names one model (its alias and its dated ids), so a newer model matches none and is
+# not metered at an older one's price.
 DEFAULT_PRICES = {
+    "claude-opus-5-5": _price("4", "20", "5", "0.20"),
+    "claude-opus-4-8": _price("5", "25", "6.25", "0.50"),
+    "claude-opus-4-7": _price("5", "25", "6.25", "0.50"),
+    "claude-opus-4-6": _price("5", "25", "6.25", "0.50"),
     "claude-opus-4-5": _price("5", "25", "6.25", "0.50"),
     "claude-opus-4-1": _price("15", "75", "18.75", "1.50"),
     "claude-opus-4-0": _price("15", "75", "18.75", "1.50"),
     "claude-opus-4-2025": _price("15", "75", "18.75", "1.50"),
+    "claude-sonnet-5-5": _price("2", "10", "2.50", "0.10"),
+    "claude-sonnet-4-6": _price("3", "15", "3.75", "0.30"),
     "claude-sonnet-4-5": _price("3", "15", "3.75", "0.30"),
     "claude-sonnet-4-0": _price("3", "15", "3.75", "0.30"),
     "claude-sonnet-4-2025": _price("3", "15", "3.75", "0.30"),
     "claude-3-7-sonnet": _price("3", "15", "3.75", "0.30"),
+    "claude-haiku-5-5": ModelPrice(input=Decimal("0.10"), output=Decimal("0.50"), cache_write=Decimal("0.125"), cache_read=Decimal("0.01"),
+                                   cache_write_1h=Decimal("0.20"), long_context=LongContext(
+                                       above_tokens=100_000, input=Decimal("0.50"), output=Decimal("2.50"), cache_write=Decimal("0.625"),
+                                       cache_read=Decimal("0.05"), cache_write_1h=Decimal("1"))),
     "claude-haiku-4-5": _price("1", "5", "1.25", "0.10"),
     "claude-3-5-haiku": _price("0.80", "4", "1", "0.08"),
 }
@@ -120,19 +149,34 @@ DEFAULT_PRICES = {
 
 
 
+def price_of(prices: Mapping[str, ModelPrice], model: str | None) -> ModelPrice | None:
+    """The price of the longest model-id prefix in ``prices`` that ``model`` starts with."""
+    if not model:
+        return None
+    best = max((p for p in prices if model.startswith(p)), key=len, default=None)
+    return prices[best] if best is not None else None
+
+
 class GatewaySettings(BaseModel):
     """The provider gateway (runner/gateway/): the one holder of the provider key."""
 
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _over_defaults(cls, given: Any) -> Any:
+        """Prices set (the chart's gateway.prices, RUNNER_GATEWAY__PRICES) are merged over the
+        defaults, so pricing one model does not unprice the others."""
+        return {**DEFAULT_PRICES, **given} if isinstance(given, dict) else given
+
     enabled: bool = Field(True, description="Give sessions a token of their own instead of the provider key, through the provider gateway, wherever the key is given as provider.api_key (a provider.credentials_file login cannot be held by the gateway: that session reads its credentials, the explicit exception). false: the key in the session's environment. On Kubernetes the chart's gateway holds the key (kube.gateway_url) and session pods reach only it; false there: session pods reach the provider through the egress proxy and read the credentials Secret (the explicit exception, for a credentials.json login). Default: true.")
-    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="What the gateway meters each call at: model-id prefix (the longest that matches wins) -> US dollars per million tokens of input, output, cache_write (5-minute), cache_read and cache_write_1h (the 1-hour cache; default twice input). A model no prefix matches is metered in tokens only, and the transcript's prose says so; where a session has a limit, its calls to such a model are refused (they could not be held to it). Default: Anthropic's list prices of Claude Haiku 3.5 to Opus 4.5, one prefix per model.")
+    prices: dict[str, ModelPrice] = Field(default_factory=lambda: dict(DEFAULT_PRICES), description="What the gateway meters each call at: model-id prefix (the longest that matches wins) -> US dollars per million tokens of input, output, cache_write (5-minute), cache_read, cache_write_1h (the 1-hour cache; default twice input) and long_context (above_tokens and the same rates: a premium on a call whose prompt is over above_tokens). What is set is merged over the defaults: a prefix set replaces that prefix's price, the others stay. A call is metered at the price of the model its request names (an answer naming another is noted in the meter). A model no prefix matches is metered in tokens only, and the transcript's prose says so; a budgeted campaign on it is refused before it starts. Default: every model the qualified CLI versions know, at the CLI's own rates (runner/settings.py DEFAULT_PRICES, docs/qualification/), and the older list prices, one prefix per model.")
     connect_timeout_seconds: float = Field(30.0, gt=0, description="Limit of opening a connection to the provider, in seconds; the session then gets a 502 (the CLI retries it). Default: 30.")
     read_timeout_seconds: float = Field(600.0, gt=0, description="Longest silence of the provider within one answer, in seconds. Default: 600.")
     port: int = Field(8080, ge=1, le=65535, description="Port the in-cluster gateway (`probe-runner gateway`, the chart's gateway Deployment) listens on; its Service and the session pods' NetworkPolicy use the same. Default: 8080.")
     token_secret: SecretStr | None = Field(None, description="The key tokens are signed with (HMAC-SHA256), shared by the in-cluster gateway and the controller alone: the chart's gateway Secret (key token-secret), given to the gateway as RUNNER_GATEWAY__TOKEN_SECRET. Default: none: the controller reads the Secret kube.gateway_secret (a local run makes a secret of its own).")
     models: list[str] = Field(default_factory=list, description="Models a session may call besides the campaign's own (the plan's model, in its token). Default: none.")
-    betas: list[str] = Field(default_factory=lambda: list(harnesses.HARNESS.calls.betas), description=f"The anthropic-beta values a session may send: those the pinned CLI sends. A request naming another is refused (the 1M-token context beta, whose premium is not priced, among them). Default: {' '.join(harnesses.HARNESS.calls.betas)}.")
-    max_tokens: int = Field(64000, gt=0, description="The most output one call may ask for (max_tokens); more is refused. The pinned CLI asks for 32000 with Sonnet 4.5. Default: 64000.")
-    context_tokens: int = Field(200000, gt=0, description="The models' context window in tokens: no call's input is larger, so it bounds what a call can cost (with the 1M-token beta refused). Default: 200000.")
+    betas: list[str] = Field(default_factory=list, description="anthropic-beta values a session may send besides those the harness's reviewed table allows (runner/harnesses/claude_code/betas.py: every beta a qualified CLI version sends, classed allowed or refused): a beta the table has no class for is refused unless named here; one the table refuses (the 1M-token context beta, whose premium is not priced, among them) stays refused. Default: none.")
+    max_tokens: int | None = Field(None, gt=0, description="The most output one call may ask for (max_tokens); more is refused. Default: unset: the most a qualified CLI version asks for with the call's model (2.1.337: 32000 with Sonnet 4.5, 128000 with Opus 5.5), 64000 for a model none was qualified with.")
+    context_tokens: int | None = Field(None, gt=0, description="A call's context window in tokens: no call's input is larger, so it bounds what a call can cost (with the 1M-token beta refused). Default: unset: the largest window a qualified CLI version states for the call's model (1000000 for the models with a native 1M window), 200000 for a model none was qualified with.")
     max_body_bytes: int = Field(8 << 20, gt=0, description="The largest request body the gateway reads, in bytes, checked as it is read (after the token, the path and the session's limit); a larger one is refused with 413. Default: 8388608 (8 MiB).")
     bind_to_pod_address: bool = Field(True, description="The in-cluster gateway serves a session token only to requests from the address of the pod it was minted for (the pod IP its watch reports), so a token read elsewhere (another session's pod, a node) is refused. false: where something between session pods and the gateway rewrites their source address (a service mesh's sidecar, masquerading on every connection). Default: true.")
     hold_usd: Decimal = Field(Decimal("1.00"), ge=0, description="What an install's gateway replica holds of a session's room beyond the call it admits, in US dollars, per write of the session's Lease: the calls that fit in it are forwarded without another write (the replicas' holds together never pass budget.session_usd + budget.call_usd). A replica killed mid-session leaves its hold counted as spent. 0: one write per call. Default: 1.00.")

@@ -79,7 +79,8 @@ def stream_uses(store, name: str, probe: str, session: str = "present-001") -> l
     uses, results = [], {}
     for line in store.get(layout.SessionKeys(name, probe, session).stream).splitlines():
         obj = json.loads(line)
-        for block in (obj.get("message") or {}).get("content") or []:
+        message = obj.get("message")  # 2.1.337's system/permission_denied line has a string there
+        for block in (message if isinstance(message, dict) else {}).get("content") or []:
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 uses.append(block)
             if isinstance(block, dict) and block.get("type") == "tool_result":

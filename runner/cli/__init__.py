@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from runner.cli import campaigns, doctor, ledger, report, run, status  # noqa: F401 - each registers its commands
+from runner.cli import campaigns, doctor, harness, ledger, report, run, status  # noqa: F401 - each registers its commands
 from runner.cli.group import cli
 from runner.errors import UserError
 from runner.service.outcome import Outcome, error_outcome, exit_status

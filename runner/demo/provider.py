@@ -50,7 +50,8 @@ often each was served (per CLI session when the CLI names its session in a heade
 concurrent sessions of one scenario do not share counters) and moves past it after ``times``.
 
 ``{cwd}`` in any string of a tool input is replaced with the session's working directory,
-which the CLI states in its system prompt (see :func:`extract_cwd`); a scenario can therefore
+which the CLI states in its system prompt (2.1.197) or in a mid-conversation system message
+(2.1.337; see :func:`extract_cwd`); a scenario can therefore
 name workspace files without knowing where the workspace is.
 
 Requests that are not the main agent loop (the CLI's side queries: session-title generation
@@ -66,7 +67,8 @@ When the main loop asks for more turns than the scenario has, it gets a final te
 (``EXHAUSTED_TEXT``) so the session still ends.
 
 Other routes: ``POST /v1/messages/count_tokens`` (an estimate), ``GET /v1/models``,
-``HEAD``/``GET /`` (2.1.197 checks the base URL's reachability with ``HEAD /``). Anything
+``HEAD``/``GET /`` and ``/api/hello`` (2.1.197 checks the base URL's reachability with
+``HEAD /``, 2.1.337 preconnects with ``HEAD /api/hello``). Anything
 else is answered 404 with an Anthropic error body, logged, and listed in ``unknown_paths``.
 
 Python API::
@@ -362,8 +364,9 @@ def load_scenarios(source: Mapping[str, Any] | str | os.PathLike[str]) -> list[S
 # Reading the CLI's requests
 # --------------------------------------------------------------------------------------
 
-# How Claude Code states its working directory in the system prompt: 2.1.197 writes
-# " - Primary working directory: /abs" in its "# Environment" section; earlier builds had an
+# How Claude Code states its working directory: 2.1.197 writes " - Primary working directory:
+# /abs" in the "# Environment" section of its system prompt, 2.1.337 the same line in a
+# mid-conversation system message (see extract_cwd); earlier builds had an
 # "<env>" block with "Working directory: /abs". "cwd: /abs" and "current working directory
 # is /abs" are accepted as well. Patterns are tried in order; the first match wins.
 _CWD_PATTERNS = [
@@ -414,9 +417,12 @@ def extract_cwd(body: Mapping[str, Any]) -> str | None:
          - Primary working directory: /tmp/ws-pwwcbuiy
          - Is a git repository: false
 
-    The system prompt is searched first (as a string or as a list of text blocks), then the
-    text of user messages and mid-conversation ``system`` messages (2.1.x's
-    ``mid-conversation-system`` beta), so a build that moves the statement still works.
+    2.1.337 no longer puts the ``# Environment`` section in the system prompt: it sends it in
+    the conversation (observed: a mid-conversation ``system`` message, a list of text blocks in
+    the first request and a string afterwards; a ``<system-reminder>`` in a user message is
+    read the same way). The system prompt is searched first (as a string or as a list of text
+    blocks), then the text of user messages and mid-conversation ``system`` messages, so both
+    builds work.
     Returns ``None`` when no statement is found; ``{cwd}`` is then left as is.
     """
     found = _cwd_in(_system_text(body))
@@ -439,14 +445,21 @@ def first_user_text(body: Mapping[str, Any]) -> str:
     2.1.x splits the first user message into blocks: a ``<system-reminder>`` block carrying
     context (date, CLAUDE.md contents, ...) and then the task itself. The reminders are cut
     out so that a scenario's ``match`` selects on the task, not on workspace files that the
-    CLI happens to inline; if nothing but reminders is left, the whole text is used.
+    CLI happens to inline. A user message that holds nothing but reminders (a build that sends
+    its context, e.g. the environment section, as a message of its own before the task) is
+    passed over for the next one; if every user message is only reminders, the first one's
+    whole text is used.
     """
+    first: str | None = None
     for m in body.get("messages") or []:
         if isinstance(m, dict) and m.get("role") == "user":
             text = _content_text(m.get("content"))
             stripped = _REMINDER.sub("", text).strip()
-            return stripped or text
-    return ""
+            if stripped:
+                return stripped
+            if first is None:
+                first = text
+    return first or ""
 
 
 def assistant_count(body: Mapping[str, Any]) -> int:
@@ -469,7 +482,8 @@ def is_main_loop(body: Mapping[str, Any]) -> bool:
     unless the session has no tools at all, the tool list (24 tools by default, plus
     ``mcp__<server>__<tool>`` entries). So: structured-output requests and ``max_tokens: 1``
     probes are side queries; a request with tools is the main loop; a tool-less request is
-    the main loop only when its system prompt states a working directory.
+    the main loop only when it states a working directory (2.1.197: in its system prompt;
+    2.1.337: in a mid-conversation ``system`` message, see :func:`extract_cwd`).
 
     Limits: a subagent's requests (Agent tool) look like a main loop and are scripted from
     the same scenario by their own assistant count; a main loop run with ``--json-schema``
@@ -484,7 +498,7 @@ def is_main_loop(body: Mapping[str, Any]) -> bool:
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
         return True
-    return _cwd_in(_system_text(body)) is not None
+    return extract_cwd(body) is not None
 
 
 def _schema_example(schema: Any, depth: int = 0) -> Any:
@@ -941,8 +955,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(200, {"data": data, "has_more": False,
                                  "first_id": data[0]["id"] if data else None,
                                  "last_id": data[-1]["id"] if data else None})
-            elif self.command in ("GET", "HEAD") and path in ("", "/", "/health", "/healthz"):
-                # 2.1.197 sends ``HEAD /`` to the base URL at start-up (reachability check).
+            elif self.command in ("GET", "HEAD") and path in ("", "/", "/health", "/healthz", "/api/hello"):
+                # 2.1.197 sends ``HEAD /`` to the base URL at start-up (reachability check);
+                # 2.1.337 sends ``HEAD /api/hello`` instead (a preconnect; it ignores the answer).
                 rec["kind"] = "health"
                 rec["status"] = 200
                 self._json(200, {"ok": True})

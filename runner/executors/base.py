@@ -332,6 +332,7 @@ class Executor(Protocol):
     name: str          # "local" or "kubernetes": the capture record's ``executor``
     confinement: str   # the transcript's confinement prose for sessions it ran
     waiting_room: int  # sessions that may wait to start beside the running ones, holding no slot (Slots)
+    harness_version: str | None  # what its sessions' harness reports (``--version``), once preflight passed; None: the pinned one
 
     def remedies(self, campaign: str) -> Remedies:
         """How ``campaign``, run here, is run again: the words of every stop's remedy."""

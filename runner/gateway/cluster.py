@@ -125,6 +125,11 @@ def total(meters: list[dict[str, Any]]) -> dict[str, Any]:
     }
     if unsettled:
         record["held_usd"] = str(unsettled)
+    for key in ("answered_as",):
+        if joined := sorted({x for m in meters for x in m.get(key, [])}):
+            record[key] = joined
+    if every := next((m["refused_every_session"] for m in meters if m.get("refused_every_session")), None):
+        record["refused_every_session"] = every
     return record
 
 

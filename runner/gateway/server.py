@@ -44,7 +44,7 @@ from runner.errors import UserError
 from runner.gateway import policy
 from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
 from runner.metrics import GatewayMetrics, Refusal
-from runner.settings import GatewaySettings, ModelPrice
+from runner.settings import GatewaySettings, ModelPrice, price_of
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,6 @@ SHUTDOWN_SECONDS = 5.0  # what calls still open get when a run's gateway stops
 
 
 
-def price_of(prices: Mapping[str, ModelPrice], model: str | None) -> ModelPrice | None:
-    """The price of the longest model-id prefix in ``prices`` that ``model`` starts with."""
-    if not model:
-        return None
-    best = max((p for p in prices if model.startswith(p)), key=len, default=None)
-    return prices[best] if best is not None else None
-
-
 @dataclass
 class Meter:
     """What one attempt's calls cost at the gateway."""
@@ -76,6 +68,10 @@ class Meter:
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
     usd: Decimal = Decimal(0)
     unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
+    answered_as: set[str] = field(default_factory=set)  # "asked -> answered" where an answer named another model than its request
+    # the first refusal that every session of the campaign would meet (Refused.every_session):
+    # with no call forwarded, the session never reached the model, for a reason of its settings
+    every_session: str | None = None
     refused: int = 0
     in_flight: int = 0  # calls forwarded and not yet answered whole
     reserved: Decimal = Decimal(0)  # the bounds of the calls in flight
@@ -88,8 +84,11 @@ class Meter:
     unwritten: bool = False  # counted since the meter was last written (Shared)
 
     def record(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {"answered_as": sorted(self.answered_as)} if self.answered_as else {}
+        if self.every_session is not None:
+            extra["refused_every_session"] = self.every_session
         return {"calls": self.calls, "usage": dict(self.usage), "cost_usd": str(self.usd),
-                "unpriced_models": sorted(self.unpriced), "refused": self.refused}
+                "unpriced_models": sorted(self.unpriced), "refused": self.refused, **extra}
 
     def state(self, held: Decimal | None = None) -> dict[str, Any]:
         """What this gateway metered and what it holds (``held``: a hold being written): kept
@@ -325,9 +324,10 @@ class Gateway:
             await self._client.close()
 
     def _refuse(self, request: web.Request, claims: Claims | None, reason: Refusal, status: int, kind: str,
-                why: str) -> web.Response:
+                why: str, every_session: bool = False) -> web.Response:
         """A refusal in the Messages API's shape, logged with ``why``, counted under ``reason``
-        (one of a fixed set: never the session's words)."""
+        (one of a fixed set: never the session's words). ``every_session``: every session of
+        the campaign would meet it (the meter keeps the first, for the campaign to halt on)."""
         who = claims.name if claims is not None else "no attempt"
         log.warning("refused %s %s (%s): %s", request.method, request.path, who, why)
         self.metrics.refused(reason)
@@ -336,6 +336,8 @@ class Gateway:
                 meter = self._meter(claims)
                 meter.refused += 1
                 meter.unwritten = True
+                if every_session and meter.every_session is None:
+                    meter.every_session = why
         return _error(status, kind, f"probe-runner gateway: {why}")
 
     def _token(self, request: web.Request) -> str | None:
@@ -396,23 +398,23 @@ class Gateway:
             call = policy.check(self.policy, claims.model, body, request.headers.get("anthropic-beta"),
                                 request.rel_url.raw_query_string, counting=not metered)
         except policy.Refused as e:
-            return self._refuse(request, claims, "policy", 400, "invalid_request_error", str(e))
+            return self._refuse(request, claims, "policy", 400, "invalid_request_error", str(e), e.every_session)
         bound = Decimal(0)
         if metered:
             price = price_of(self.prices, call.model)
             if price is None and claims.limit() is not None:
                 return self._refuse(request, claims, "price", 400, "invalid_request_error",
                                     f"model {call.model!r} has no price at the gateway (gateway.prices), so its calls could not "
-                                    "be held to the session's limit")
-            bound = policy.bound(price, call, self.policy.context_tokens) if price is not None else Decimal(0)
+                                    "be held to the session's limit", every_session=True)
+            bound = policy.bound(price, call, policy.context_of(self.policy, call.model)) if price is not None else Decimal(0)
             if claims.limit() is not None and bound > claims.call():
                 return self._refuse(request, claims, "bound", 400, "invalid_request_error",
                                     f"one call could cost up to ${bound:.6f} ({call.max_tokens} output tokens, a body of "
                                     f"{call.body_bytes} bytes), over the ${claims.call()} a call may add past the session's limit "
-                                    "(budget.call_usd)")
+                                    "(budget.call_usd)", every_session=True)
             if not self._admit(claims, bound):
                 return self._spent(request, claims)
-        flight = _Flight(self, claims, metered, bound, call.one_hour_cache)
+        flight = _Flight(self, claims, metered, bound, call.one_hour_cache, call.model)
         forward: asyncio.Future[web.StreamResponse] | None = None
         try:
             if metered and self.shared is not None and not self._within_hold(claims):
@@ -583,9 +585,13 @@ class Gateway:
                      upstream.status, sent, time.monotonic() - started, reader.usage, "" if client else " (the session went)")
         return response
 
-    def _count(self, claims: Claims, reader: UsageReader | None, bound: Decimal, one_hour: bool, reached: bool) -> None:
+    def _count(self, claims: Claims, reader: UsageReader | None, bound: Decimal, one_hour: bool, reached: bool,
+               model: str) -> None:
         """A metered call is over: it settles at its answer's usage where the answer was read
-        whole, at nothing where the request never reached the provider, else at its bound."""
+        whole, at nothing where the request never reached the provider, else at its bound. An
+        answer is metered at the price of the model its request named (``model``), the price its
+        bound was checked at: an answer naming another model (a dated id, or a model the
+        provider served in its place) is noted, not left unpriced."""
         with self._lock:
             meter = self._meter(claims)
             meter.unwritten = True
@@ -594,7 +600,9 @@ class Gateway:
             if not reached:
                 pass
             elif reader is not None and reader.complete:
-                price = price_of(self.prices, reader.model)
+                price = price_of(self.prices, model)
+                if reader.model and reader.model != model:
+                    meter.answered_as.add(f"{model} -> {reader.model}")
                 meter.calls += 1
                 for k, v in reader.usage.items():
                     if isinstance(v, int):
@@ -602,7 +610,7 @@ class Gateway:
                 if price is not None:
                     meter.usd += policy.cost(price, reader.usage, one_hour)
                 elif reader.usage:
-                    meter.unpriced.add(reader.model or "(none)")
+                    meter.unpriced.add(model)
             else:
                 meter.calls += 1
                 meter.usd += bound
@@ -620,13 +628,14 @@ class _Flight:
     """One forwarded call, ended exactly once on every path (answered, cut short, the upstream
     unreachable, the client gone): a metered call then settles and leaves the in-flight tally."""
 
-    def __init__(self, gateway: Gateway, claims: Claims, metered: bool, bound: Decimal, one_hour: bool) -> None:
+    def __init__(self, gateway: Gateway, claims: Claims, metered: bool, bound: Decimal, one_hour: bool, model: str) -> None:
         self.gateway, self.claims, self.open, self.bound, self.one_hour = gateway, claims, metered, bound, one_hour
+        self.model = model  # the request's: the price its bound was checked at, and the one it is metered at
 
     def end(self, reader: UsageReader | None, reached: bool = True) -> None:
         if self.open:
             self.open = False
-            self.gateway._count(self.claims, reader, self.bound, self.one_hour, reached)
+            self.gateway._count(self.claims, reader, self.bound, self.one_hour, reached, self.model)
 
 
 class GatewayThread:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from runner.stream import ParsedStream
 
@@ -60,6 +60,45 @@ class ArmFiles:
     mcp_file: str  # the workspace's declaration of MCP servers, at its top level
 
 
+BetaKind = Literal["allowed", "priced", "refused"]
+
+
+@dataclass(frozen=True)
+class BetaClass:
+    """What a reviewer decided of one ``anthropic-beta`` value: ``allowed`` (it changes neither
+    what a call may cost nor what the provider does beyond the model), ``priced`` (a premium
+    the gateway's meter applies) or ``refused`` (``why``: the provider would act for the
+    session, or a premium that is not priced)."""
+
+    kind: BetaKind
+    why: str
+
+
+@dataclass(frozen=True)
+class Sends:
+    """What one qualified harness version sends its provider when run with one model."""
+
+    model: str  # the model its requests name (a CLI may send another than the one it was given)
+    betas: frozenset[str]  # every anthropic-beta value of its requests
+    max_tokens: int  # the most output any of its requests asks for
+    context_window: int | None = None  # the model's context window in tokens, as its result line states it
+
+
+@dataclass(frozen=True)
+class Qualified:
+    """One harness version as its qualification found it (``probe-runner harness qualify``;
+    the report is kept under docs/qualification/)."""
+
+    version: str
+    models: Mapping[str, Sends]  # the model it was run with (a model-id prefix: an alias) -> what it sent
+
+    def sends(self, model: str) -> Sends | None:
+        """What it sends with ``model``: the entry of the longest model id that ``model`` starts
+        with (a dated id is its alias's), or None for a model it was not qualified with."""
+        best = max((m for m in self.models if model.startswith(m)), key=len, default=None)
+        return self.models[best] if best is not None else None
+
+
 @dataclass(frozen=True)
 class ProviderCalls:
     """What the harness sends its provider: the gateway forwards this and refuses the rest."""
@@ -69,7 +108,7 @@ class ProviderCalls:
     header_prefixes: tuple[str, ...]  # and those starting so
     request_keys: frozenset[str]  # the request body's top-level keys
     queries: frozenset[str]  # query strings ("" for none)
-    betas: tuple[str, ...]  # the beta flags it sends (the gateway's default gateway.betas)
+    betas: Mapping[str, BetaClass]  # every beta a qualified version sends, classed by review
     key_check_model: str  # a model a token count checks the key with
 
 
@@ -90,6 +129,9 @@ class Signals:
     rejected: bool = False  # a rate-limit refusal, or a result failed by throttling
     resets_at: float | None = None  # the provider's reset time (epoch seconds), where given
     refused: int | None = None  # 401 or 403: the provider refused the key, in a retry or the result
+    # the gateway refused every call of the session, none forwarded, for what every session of
+    # the campaign sends (its meter's refused_every_session): a setting to fix, as a refused key
+    policy: str | None = None
 
     @property
     def throttled(self) -> bool:
@@ -102,8 +144,11 @@ class Harness:
 
     name: str
     conduct: str  # how every session ran, as a transcript states it ({allowed}: the one list of allowed tools)
-    version: str  # the version the recorder's rules were verified against; doctor refuses another
+    version: str  # the pinned version: the default install, the harness image's, the one a cluster's sessions run
+    qualified: Mapping[str, Qualified]  # every version the recorder's rules were qualified with (the pin among them) -> what it sends
     install: str  # the command that installs that version
+    native_package: str  # the npm registry's package of its native binary for a platform ({arch}: x64, arm64; {libc}: "" or -musl)
+    native_member: str  # the binary's path in that package's tarball
     executable: str  # its name on the harness image's PATH (the Kubernetes executor's argv[0])
     flags: Callable[[Plan, Settings], list[str]]  # everything after the executable (the task goes on stdin)
     budget_flag: str  # the flag that gives it a session's spend limit (the transcript names it)
@@ -129,3 +174,12 @@ class Harness:
     note_signals: Callable[[dict[str, Any], Signals], None]  # what one stream line says about throttling
     arm_files: ArmFiles
     calls: ProviderCalls
+
+    def qualification(self, version: str, model: str) -> Sends | None:
+        """What ``version`` sends with ``model``, where that pair is qualified; else None."""
+        q = self.qualified.get(version)
+        return q.sends(model) if q is not None else None
+
+    def models(self) -> list[str]:
+        """Every model some qualified version was qualified with, in order."""
+        return sorted({m for q in self.qualified.values() for m in q.models})

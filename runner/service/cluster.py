@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner import layout
+from runner.admission import admit
 from runner.errors import UserError
 from runner.k8s import jobs
 from runner.k8s.api import Kube
@@ -73,6 +74,7 @@ def submit(settings: Settings, plan_file: Path, corpus: Path, store_flag: str | 
                         "bucket; the install needs an s3:// store (the chart's bucket.store)")
     shares = install.kube.controllers
     Share(0, shares).concurrency(install.concurrency)  # refused here, not in a failed Job
+    admit(parsed, None, install.model_copy(update={"budget": settings.budget}))  # the harness image's pinned CLI
     store = open_store(install.store, install)
     store_plan(store, parsed)
     corpus_digest = store_corpus(store, parsed.campaign, corpus)

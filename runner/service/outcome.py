@@ -23,6 +23,7 @@ class Outcome(Enum):
     UNFINISHED = "unfinished"        # sessions left interrupted, or not started
     BAD_INPUT = "bad input"          # a user's mistake (a plan, a corpus, a flag, a setting)
     KEY_REFUSED = "key refused"      # the provider refuses the key: a setting to fix
+    POLICY_REFUSED = "policy refused"  # the gateway refuses what every session sends (its model, a beta, a price): a setting to fix
     OVER_BUDGET = "over budget"      # the campaign's budget left sessions not started
     UNCONFINED = "unconfined"        # a session could not be confined as the contract requires
     STORE_FAILED = "store failed"    # the store could not be read or written, or its bytes disagree with their digest
@@ -37,6 +38,7 @@ EXIT_STATUS: dict[Outcome, int] = {
     Outcome.UNFINISHED: 1,
     Outcome.BAD_INPUT: EXIT_USAGE,
     Outcome.KEY_REFUSED: EXIT_USAGE,
+    Outcome.POLICY_REFUSED: EXIT_USAGE,
     Outcome.OVER_BUDGET: EXIT_BUDGET,
     Outcome.UNCONFINED: EXIT_CONFINEMENT,
     Outcome.STORE_FAILED: 1,
@@ -60,7 +62,8 @@ def error_outcome(error: UserError) -> Outcome:
     return Outcome.BAD_INPUT
 
 
-STOPS: dict[StopCause, Outcome] = {"unconfined": Outcome.UNCONFINED, "key": Outcome.KEY_REFUSED, "budget": Outcome.OVER_BUDGET}
+STOPS: dict[StopCause, Outcome] = {"unconfined": Outcome.UNCONFINED, "key": Outcome.KEY_REFUSED,
+                                   "policy": Outcome.POLICY_REFUSED, "budget": Outcome.OVER_BUDGET}
 
 
 def written_outcome(not_started: bool, unfinished: bool, refused: bool) -> Outcome:

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import layout
+from runner import admission, layout
 from runner.campaign import RunReport, run_sessions
 from runner.clock import now
 from runner.errors import ConfinementError, KeyRefused, UserError
@@ -128,7 +128,8 @@ def _run_campaign(settings: Settings, plan: Plan, corpus: Path, executor: str, p
             backoff = Backoff(settings.throttle.base_seconds, settings.throttle.ceiling_seconds)
             report = run_sessions(plan, corpus, store, runner, settings.local.workdir, concurrency,
                                   produced or [], progress, resume=resume, backoff=backoff,
-                                  budget=settings.budget, share=share, io_threads=settings.io_threads)
+                                  budget=settings.budget, share=share, io_threads=settings.io_threads,
+                                  admit=lambda version: admission.admit(plan, version, settings))
         except UserError as e:  # refused before a session ran (the first confinement or key check, a bad input):
             # final for a Job too, so a watch must end on it, with what to do (the monitor's words end on the fix)
             why = runner.remedies(plan.campaign).refusal(str(e)) if isinstance(e, ConfinementError | KeyRefused) else str(e)

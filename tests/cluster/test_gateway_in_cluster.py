@@ -61,13 +61,12 @@ BOUNDED_BODY = SIDE_BODY.replace(b'"max_tokens": 10', b'"max_tokens": 25000')
 def _bound(body: bytes) -> Decimal:
     """The most the gateway reserves for ``body`` (runner/gateway/policy.py, default settings)."""
     from runner.gateway import policy
-    from runner.gateway.server import price_of
-    from runner.settings import DEFAULT_PRICES, GatewaySettings
+    from runner.settings import DEFAULT_PRICES, GatewaySettings, price_of
 
     call = policy.check(GatewaySettings(), None, body, None, "", counting=False)
     price = price_of(DEFAULT_PRICES, call.model)
     assert price is not None
-    return policy.bound(price, call, GatewaySettings().context_tokens)
+    return policy.bound(price, call, policy.context_of(GatewaySettings(), call.model))
 
 
 @pytest.fixture

@@ -64,6 +64,28 @@ def claude_command() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+def qualified_cli(claude_command: list[str]) -> Callable[[str], list[str]]:
+    """``qualified_cli(version)``: the argv of that qualified CLI version: the pinned one is
+    ``claude_command``; another is its native binary in the cache `.ci/setup` fetched it to
+    (runner/qualify/fetch.py). Fails (never skips) where it is missing or another version."""
+    from runner.qualify import fetch
+
+    def find(version: str) -> list[str]:
+        argv = claude_command if version == EXPECTED_CLAUDE_VERSION else [str(fetch.cache_dir() / version / "claude")]
+        try:
+            out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60,
+                                 env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")})
+        except OSError as e:
+            pytest.fail(f"the qualified CLI {version} is not at {argv[0]} ({e}): `bash .ci/setup` fetches it "
+                        f"(python3 -m runner.qualify.fetch {version} {argv[0]})", pytrace=False)
+        if not out.stdout.startswith(f"{version} "):
+            pytest.fail(f"{argv[0]} is {out.stdout.strip()!r}, not the qualified {version}", pytrace=False)
+        return argv
+
+    return find
+
+
+@pytest.fixture(scope="session")
 def claude_version(claude_command: list[str]) -> str:
     """The CLI's version string, e.g. ``2.1.197``."""
     out = subprocess.run(

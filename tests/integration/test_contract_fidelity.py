@@ -18,6 +18,13 @@ from fidelity import events, plan_of, probe, record, stream_uses, use, write_cor
 from markdown_it import MarkdownIt
 
 from runner import digest, layout, stream
+from tests.support.clis import qualified_versions
+
+
+@pytest.fixture(scope="module", params=qualified_versions())
+def claude_command(request, qualified_cli):
+    """This module's suite runs on every qualified CLI version, the pinned one first."""
+    return qualified_cli(request.param)
 
 DEMO = Path(__file__).parents[2] / "runner" / "demo"
 IDENT = "HW-[A-Z]+-[0-9]{4}"
@@ -37,6 +44,10 @@ PLAIN_HEREDOC = "mkdir -p notes && cat > notes/plain.md <<'EOF'\n# Report\n\n```
 HEREDOC = ("cat > notes/report.md <<'EOF'\n# Report\n\n```\nls docs\n```\n\n~~~~\n````\n~~~~\n"
            "\n    ```\n```` yaml\nEOF")
 SEPARATED = "printf 'one\u2028two\\n' > notes/ls.txt"
+# A call that outlasts the session's time limit. Not a standalone `sleep`: 2.1.337 refuses
+# one itself ("Blocked: standalone sleep 600 ..."), answering at once, so the session would
+# end before the limit; `tail -f /dev/null` blocks on 2.1.197 and 2.1.337 alike.
+OUTLAST = "tail -f /dev/null"
 PROSE = ["PROSE-SUBJECT", "PROSE-DESCRIPTION", "PROSE-MESSAGE", "PROSE-PLAN", "PROSE-TODO", "PROSE-PROMPT"]
 
 
@@ -106,7 +117,7 @@ SCENARIOS = {"scenarios": [
         {"text": "HW-DR-0052 current"}]},
     {"name": "slow", "match": "FID-SLOW", "turns": [
         use("Read", file_path="{cwd}/docs/a.md"),
-        use("Bash", command="sleep 600", timeout=600000),
+        use("Bash", command=OUTLAST, timeout=600000),
         {"text": "HW-DR-0052 current"}]},
 ]}
 
@@ -119,7 +130,7 @@ def fidelity(tmp_path_factory, claude_command):
     (corpus / "notes").mkdir()
     (corpus / "notes/current.md").symlink_to("../docs/a.md")
     (corpus / "shelf").symlink_to("docs")
-    # 40 s: every other session ends in a few; FID-SLOW's sleep runs into it
+    # 40 s: every other session ends in a few; FID-SLOW's OUTLAST call runs into it
     out = record(root, "fidelity", corpus, plan_of("fidelity", PROBES, IDENT), SCENARIOS, 40, claude_command)
     assert out["texts"]["present"], out["report"]
     out["events"] = events(out["texts"]["present"])
@@ -208,11 +219,12 @@ def test_every_path_a_call_names_outside_the_workspace_is_counted(fidelity):
 
 def test_a_write_through_a_link_lists_the_file_it_changed(fidelity):
     """"path on a produced artifact ... where the artifact landed": a Write through a linked
-    directory lands in the directory the link names. (2.1.197 refuses to write through a linked
-    file, "Refusing to write through symlink": that Edit failed and produced nothing.)"""
+    directory lands in the directory the link names. (The CLI refuses to write through a linked
+    file: 2.1.197 "Refusing to write through symlink", 2.1.337 "Refusing to write ...: it is a
+    symbolic link"; that Edit failed and produced nothing.)"""
     e = fidelity["events"]["HW-PRB-0007"]
     uses = stream_uses(fidelity["store"], "fidelity", "HW-PRB-0007")
-    assert "Refusing to write through symlink" in uses[1][1]
+    assert uses[1][1].startswith("Refusing to write") and ("symlink" in uses[1][1] or "symbolic link" in uses[1][1]), uses[1][1]
     new = "New: HW-DR-0041 is superseded.\n"
     assert e["produced"] == [{"path": "docs/new.md", "result": digest.of_text(new), "cites": ["HW-DR-0041"]}]
     assert e["calls"][0]["result"] == digest.of_text(DOC_A)  # a read through a link is a read of its document

@@ -45,7 +45,8 @@ def _old_cli(tmp_path) -> str:
 @pytest.mark.parametrize("case, change, says", [
     ("confinement", {"RUNNER_LOCAL__BWRAP": "no-such-bwrap"},
      "FAIL confinement: bubblewrap (no-such-bwrap) is not installed: a session cannot be confined, so none runs"),
-    ("harness", "old", "the recorder's rules were verified against 2.1.197: npm install -g @anthropic-ai/claude-code@2.1.197"),
+    ("harness", "old", "the recorder is qualified with 2.1.197, 2.1.337 (pinned 2.1.337): npm install -g "
+                       "@anthropic-ai/claude-code@2.1.337, or qualify it: probe-runner harness qualify --cli"),
     ("store", {"RUNNER_STORE": "file:///proc/doctor/store"}, "FAIL store: store file:///proc/doctor/store is not writable"),
     ("provider refuses", {"RUNNER_PROVIDER__API_KEY": "sk-ant-wrong"}, "refused the key (HTTP 401): check RUNNER_PROVIDER__API_KEY"),
     ("provider unreachable", "closed", "cannot be reached"),

@@ -34,9 +34,18 @@ from runner.ledger import Ledger
 from runner.settings import DEFAULT_PRICES, GatewaySettings
 from runner.store.file import FileStore
 from runner.stream import money
+from tests.support.clis import qualified_versions
 from tests.support.waiting import until
 
+
+@pytest.fixture(scope="module", params=qualified_versions())
+def claude_command(request, qualified_cli):
+    """This module's suite runs on every qualified CLI version, the pinned one first."""
+    return qualified_cli(request.param)
+
+
 MODEL = "claude-sonnet-4-5"
+SENT = HARNESS.qualified[HARNESS.version].models[MODEL].betas  # what the pinned CLI sends with it
 OUT = 50_000  # what the upstream's answers state as output: $0.75 at Sonnet's $15 per million
 
 
@@ -78,7 +87,7 @@ def gateway():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _Provider.seen.clear()
     secret = tokens.new_secret()
-    settings = GatewaySettings.model_validate({})
+    settings = GatewaySettings.model_validate({"max_tokens": 64000})  # an operator's bound (by default Sonnet 4.5's 32000)
     g = Gateway(f"http://127.0.0.1:{server.server_address[1]}", "the-key", secret, DEFAULT_PRICES, campaigns=["camp"],
                 policy=settings)
     with GatewayThread(g) as served:
@@ -99,7 +108,7 @@ def _post(url: str, token: str, body: bytes, path: str = "/v1/messages?beta=true
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=20)
     conn.request("POST", path, body=body, headers={"content-type": "application/json", "x-api-key": token,
-                                                  "anthropic-beta": ",".join(HARNESS.calls.betas), **(headers or {})})
+                                                  "anthropic-beta": ",".join(sorted(SENT)), **(headers or {})})
     return conn, conn.getresponse()
 
 
@@ -125,9 +134,14 @@ def _settled(g: Gateway, session: str = "s-001") -> dict:
         {"type": "image", "source": {"type": "file", "file_id": "file_1"}}]}]), {},
      "a content source of type 'file'"),
     ("another model", _body(model="claude-opus-4-1"), {}, "the model 'claude-opus-4-1' is not the campaign's"),
-    ("a huge max_tokens", _body(max_tokens=1_000_000), {}, "max_tokens 1000000 is over gateway.max_tokens (64000)"),
+    ("a huge max_tokens", _body(max_tokens=1_000_000), {},
+     "max_tokens 1000000 is over the most claude-sonnet-4-5's qualified CLI asks for (64000; gateway.max_tokens)"),
     ("the 1M-token context beta", _body(), {"anthropic-beta": "context-1m-2025-08-07"},
-     "the beta 'context-1m-2025-08-07' is not one the CLI sends"),
+     "the beta 'context-1m-2025-08-07' is refused: the 1M-token context window"),
+    ("a speed premium among the CLI's own betas", _body(), {"anthropic-beta": "claude-code-20250219,fast-mode-2026-02-01"},
+     "the beta 'fast-mode-2026-02-01' is refused: speed fast"),
+    ("a beta no qualified CLI sends", _body(), {"anthropic-beta": "not-a-beta-2099-01-01"},
+     "the beta 'not-a-beta-2099-01-01' is not qualified: no qualified CLI version was seen sending it"),
     ("another query", _body(), {"path": "/v1/messages?beta=true&%62eta=false"}, "is not one the CLI sends"),
     ("a call dearer than one call may be", _body(max_tokens=64000), {"call": "0.50"},
      "over the $0.50 a call may add past the session's limit (budget.call_usd)"),
@@ -180,7 +194,7 @@ def test_a_call_whose_client_drops_its_connection_is_metered_at_the_provider_s_u
     body = _body("slow-json")
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                  + f"anthropic-beta: {','.join(HARNESS.calls.betas)}\r\nx-api-key: {_token(secret)}\r\n"
+                  + f"anthropic-beta: {','.join(sorted(SENT))}\r\nx-api-key: {_token(secret)}\r\n"
                     f"content-length: {len(body)}\r\n\r\n".encode() + body)
     meter = _settled(g)
     assert meter["calls"] == 1 and meter["usage"]["output_tokens"] == OUT
@@ -289,7 +303,7 @@ def test_a_hostile_session_through_the_real_cli_stays_within_the_budget(tmp_path
     assert "hostile: 400 400 400 400 400 413 401 " in raw, raw[-2000:]
     for reason in ("the tool type 'web_fetch_20250910' is not a client-side tool", "the request holds 'mcp_servers'",
                    "the model 'claude-opus-4-1' is not the campaign's", "max_tokens 10000000 is over gateway.max_tokens",
-                   "the beta 'context-1m-2025-08-07' is not one the CLI sends", "the body is over gateway.max_body_bytes",
+                   "the beta 'context-1m-2025-08-07' is refused", "the body is over gateway.max_body_bytes",
                    "token refused: forged"):
         assert reason in done.stderr, reason
     bodies = [r.get("body") or {} for r in provider.requests if r["path"].startswith("/v1/messages")]

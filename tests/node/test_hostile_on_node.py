@@ -23,7 +23,7 @@ from runner.k8s import jobs
 pytestmark = pytest.mark.timeout(900)
 REASONS = ("the tool type 'web_fetch_20250910' is not a client-side tool", "the request holds 'mcp_servers'",
            "the model 'claude-opus-4-1' is not the campaign's", "max_tokens 10000000 is over gateway.max_tokens",
-           "the beta 'context-1m-2025-08-07' is not one the CLI sends", "token refused: forged")
+           "the beta 'context-1m-2025-08-07' is refused", "token refused: forged")
 
 
 def _cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from runner.harnesses import CLAUDE_CODE
-from runner.harnesses.contract import Harness, Reach
+from runner.harnesses.contract import BetaClass, Harness, Qualified, Reach
 from runner.stream import ParsedStream
 
 if TYPE_CHECKING:
@@ -88,6 +88,8 @@ NEXT = dataclasses.replace(
     environment=_environment,
     parse=_parse,
     arm_files=dataclasses.replace(CLAUDE_CODE.arm_files, memory_names=CLAUDE_CODE.arm_files.memory_names | {"AGENTS.md"}),
-    calls=dataclasses.replace(CLAUDE_CODE.calls, betas=(*CLAUDE_CODE.calls.betas, BETA)),
+    calls=dataclasses.replace(CLAUDE_CODE.calls, betas={**CLAUDE_CODE.calls.betas, BETA: BetaClass("allowed", "the next CLI's")}),
+    qualified={VERSION: Qualified(VERSION, {m: dataclasses.replace(s, betas=s.betas | {BETA})
+                                            for m, s in CLAUDE_CODE.qualified[CLAUDE_CODE.version].models.items()})},
 )
 assert isinstance(NEXT, Harness)

@@ -31,6 +31,7 @@ def test_every_outcome_has_its_exit_status():
         Outcome.UNFINISHED: 1,
         Outcome.BAD_INPUT: 2,
         Outcome.KEY_REFUSED: 2,
+        Outcome.POLICY_REFUSED: 2,
         Outcome.OVER_BUDGET: 3,
         Outcome.UNCONFINED: 12,
         Outcome.STORE_FAILED: 1,
@@ -61,6 +62,8 @@ def _report(**fields: object) -> RunReport:
     ({}, None),
     ({"over_budget": ["P/a-1"], "budget_why": "no room"}, Outcome.OVER_BUDGET),
     ({"halted": "key refused", "over_budget": ["P/a-1"]}, Outcome.KEY_REFUSED),
+    ({"policy": "the beta 'x' is not qualified", "refused": ["P/a-1"], "over_budget": ["P/a-2"]}, Outcome.POLICY_REFUSED),
+    ({"halted": "key refused", "policy": "the beta 'x' is not qualified"}, Outcome.KEY_REFUSED),
     ({"unconfined": "a route opened", "halted": "key refused", "over_budget": ["P/a-1"]}, Outcome.UNCONFINED),
 ])
 def test_a_stop_exits_as_the_run_words_it(fields, outcome):

@@ -54,9 +54,9 @@ def _fake_cli(tmp_path: Path, version: str) -> str:
 
 def test_doctor_wants_the_version_of_the_harness_in_use(tmp_path, next_version):
     settings = Settings(store="file:///tmp/s", harness={"command": _fake_cli(tmp_path, "2.2.0")})
-    assert doctor._harness_version(settings).endswith("is 2.2.0, the version the recorder was verified against")
+    assert doctor._harness_version(settings).endswith("is 2.2.0, the pinned version")
     old = Settings(store="file:///tmp/s", harness={"command": _fake_cli(tmp_path, "2.1.197")})
-    with pytest.raises(UserError, match=re.escape("verified against 2.2.0: npm install -g @anthropic-ai/claude-code@2.2.0")):
+    with pytest.raises(UserError, match=re.escape("qualified with 2.2.0 (pinned 2.2.0): npm install -g @anthropic-ai/claude-code@2.2.0")):
         doctor._harness_version(old)
 
 
@@ -117,11 +117,11 @@ def test_the_memory_arm_removes_the_memory_files_of_the_harness_in_use(tmp_path,
 
 def test_the_gateway_lets_through_what_the_harness_in_use_sends(monkeypatch):
     body = json.dumps({"model": "claude-sonnet-4-5", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}).encode()
-    with pytest.raises(policy.Refused, match="is not one the CLI sends"):
+    with pytest.raises(policy.Refused, match="is not qualified"):
         policy.check(GatewaySettings(), None, body, harness_next.BETA, "", False)
     monkeypatch.setattr(harnesses, "HARNESS", NEXT)
-    settings = GatewaySettings()  # its default betas are the harness's
-    assert harness_next.BETA in settings.betas
+    settings = GatewaySettings()  # the harness's table classes the betas: nothing for an operator to add
+    assert settings.betas == []
     assert policy.check(settings, None, body, harness_next.BETA, "", False).model == "claude-sonnet-4-5"
 
 

@@ -15,6 +15,9 @@ def test_both_set_ups_install_the_cli_version_the_recorder_was_verified_against(
     pinned = subprocess.run(["bash", "-c", "source .ci/versions && echo $CLAUDE_CODE_VERSION"], cwd=REPO,
                             capture_output=True, text=True, timeout=30).stdout.strip()
     assert pinned == harnesses.HARNESS.version
+    others = subprocess.run(["bash", "-c", "source .ci/versions && echo $CLAUDE_CODE_ALSO_QUALIFIED"], cwd=REPO,
+                            capture_output=True, text=True, timeout=30).stdout.split()
+    assert sorted([pinned, *others]) == sorted(harnesses.HARNESS.qualified)  # the suites run on every qualified version
     for script in (".ci/setup", ".ci/quickstart"):
         text = (REPO / script).read_text()
         assert "source .ci/versions" in text and "2.1." not in text, script  # no second pin

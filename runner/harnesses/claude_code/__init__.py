@@ -1,17 +1,21 @@
-"""The Claude Code CLI, version 2.1.197, as the recorder runs and reads it: the one harness
-package (runner/harnesses/contract.py). The CLI's next version is a change here and in its
-fixtures (tests/data/captures/, the scripted provider's record), nowhere else."""
+"""The Claude Code CLI, as the recorder runs and reads it: the one harness package
+(runner/harnesses/contract.py), pinned at 2.1.337 and qualified with the versions of
+qualified.py. The CLI's next version is a change here and in its fixtures
+(tests/data/captures/, the scripted provider's record, docs/qualification/), nowhere else."""
 
 from __future__ import annotations
 
-from runner.harnesses.claude_code import api, command, init, results, signals, stream, workspace
+from runner.harnesses.claude_code import api, command, init, qualified, results, signals, stream, workspace
 from runner.harnesses.contract import Harness
 
 HARNESS = Harness(
     name="Claude Code",
     conduct=command.CONDUCT,
     version=command.VERSION,
+    qualified=qualified.QUALIFIED,
     install=command.INSTALL,
+    native_package=command.NATIVE_PACKAGE,
+    native_member=command.NATIVE_MEMBER,
     executable=command.EXECUTABLE,
     flags=command.flags,
     budget_flag=command.BUDGET_FLAG,

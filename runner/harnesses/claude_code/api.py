@@ -1,9 +1,10 @@
-"""What the Claude Code CLI 2.1.197 sends its provider (the Messages API), as seen through the
-scripted provider's record: the gateway forwards this and refuses the rest
-(runner/gateway/policy.py, runner/gateway/server.py)."""
+"""What the qualified Claude Code CLI versions send their provider (the Messages API), as their
+qualification saw it (`probe-runner harness qualify`): the gateway forwards this and refuses
+the rest (runner/gateway/policy.py, runner/gateway/server.py)."""
 
 from __future__ import annotations
 
+from runner.harnesses.claude_code.betas import BETAS
 from runner.harnesses.contract import ProviderCalls
 
 CALLS = ProviderCalls(
@@ -18,7 +19,6 @@ CALLS = ProviderCalls(
                             "thinking", "context_management", "temperature", "top_p", "top_k", "stop_sequences",
                             "output_config", "output_format"}),
     queries=frozenset({"", "beta=true"}),
-    betas=("claude-code-20250219", "interleaved-thinking-2025-05-14", "thinking-token-count-2026-05-13",
-           "context-management-2025-06-27", "prompt-caching-scope-2026-01-05"),
+    betas=BETAS,
     key_check_model="claude-sonnet-4-5",
 )

@@ -14,10 +14,15 @@ if TYPE_CHECKING:
     from runner.plan import Plan
     from runner.settings import Settings
 
-# The CLI version the recorder's rules (the stream's shapes, the init line's checks, the
-# budget's stop) were verified against; `probe-runner doctor` says so when another is found.
-VERSION = "2.1.197"
+# The pinned CLI version: the default install, the harness image's. The recorder's rules (the
+# stream's shapes, the init line's checks, the budget's stop) are qualified with it and with
+# the versions of qualified.py; `probe-runner doctor` says so when another is found.
+VERSION = "2.1.337"
 INSTALL = f"npm install -g @anthropic-ai/claude-code@{VERSION}"
+# Its native binary alone, as `npm install` picks it for a platform: what the quick start and
+# `probe-runner harness qualify` fetch (no Node.js needed).
+NATIVE_PACKAGE = "@anthropic-ai/claude-code-linux-{arch}{libc}"
+NATIVE_MEMBER = "package/claude"
 EXECUTABLE = "claude"
 BUDGET_FLAG = "--max-budget-usd"  # a session's spend limit, checked by the CLI after each answer
 # Skill is on it because the present arm loads the workspace's skills "because they are what a
