@@ -387,4 +387,5 @@ def _captured(store: Store, ledger: Ledger, executor: Executor, session: str, ke
     phases["outcome_journaled"] = ledger.outcome(session, keys.attempt, status, detail)["at"]
     log.info("outcome %s: exit %s, cost %s USD", status, record["exit_code"], parsed.cost_usd)
     executor.finish(keys)
-    return status, parsed.cost_usd, record["stream"]["bytes"]
+    shown = f"{status} ({detail['reason']})" if signals.policy is not None else status  # the board and the log say why
+    return shown, parsed.cost_usd, record["stream"]["bytes"]

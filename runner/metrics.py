@@ -191,16 +191,24 @@ class GatewayMetrics:
                                 + ", ".join(REFUSALS) + ").", ["reason"], registry=registry)
         self.upstream = Histogram(f"{PREFIX}_gateway_upstream_seconds", "Time from sending a call to the provider to the "
                                   "end of its answer, in seconds.", buckets=UPSTREAM_BUCKETS, registry=registry)
+        self.canary = Counter(f"{PREFIX}_gateway_canary_refusals", "Requests of a confinement check's canary the gateway "
+                              "refused, by reason: the check's own probes of the request policy (a server tool, an MCP "
+                              "server), apart from the sessions' calls and refusals.", ["reason"], registry=registry)
         self.bytes = Counter(f"{PREFIX}_gateway_upstream_bytes", "Bytes sent to the provider (request bodies) and read "
                              "from it (answers), by direction.", ["direction"], registry=registry)
         for outcome in GATEWAY_OUTCOMES:  # each series exists from the start: rate() sees the first call
             self.calls.labels(outcome)
         for reason in REFUSALS:
             self.refusals.labels(reason)
+            self.canary.labels(reason)
         for direction in DIRECTIONS:
             self.bytes.labels(direction)
 
-    def refused(self, reason: Refusal) -> None:
+    def refused(self, reason: Refusal, canary: bool = False) -> None:
+        """A refusal of a session's call, or (``canary``) of a confinement check's probe, counted apart."""
+        if canary:
+            self.canary.labels(reason).inc()
+            return
         self.calls.labels("refused").inc()
         self.refusals.labels(reason).inc()
 

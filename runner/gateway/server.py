@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry
 from runner import harnesses
 from runner.errors import UserError
 from runner.gateway import policy
-from runner.gateway.tokens import KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
+from runner.gateway.tokens import CANARY_PROBE, KEY_PATH, KEY_REFUSED, LIMIT_SPENT, STOPPING, Claims, TokenError, verify
 from runner.metrics import GatewayMetrics, Refusal
 from runner.settings import GatewaySettings, ModelPrice, price_of
 
@@ -330,7 +330,7 @@ class Gateway:
         the campaign would meet it (the meter keeps the first, for the campaign to halt on)."""
         who = claims.name if claims is not None else "no attempt"
         log.warning("refused %s %s (%s): %s", request.method, request.path, who, why)
-        self.metrics.refused(reason)
+        self.metrics.refused(reason, canary=claims is not None and claims.probe == CANARY_PROBE)
         if claims is not None:  # counted, and written with the meter's next write
             with self._lock:
                 meter = self._meter(claims)

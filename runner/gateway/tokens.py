@@ -20,6 +20,7 @@ PREFIX = "prt1"  # probe-runner token, version 1: a key format no provider issue
 # The gateway's refusal of a session whose limit is spent: the harness reports it in its
 # stream's result line, read as the session's own limit ending it (Harness.over_budget).
 LIMIT_SPENT = "the session's spend limit is reached at the gateway"
+CANARY_PROBE = "canary"  # the probe a confinement check's canary token names (never a plan's: runner/k8s/manifests.py)
 KEY_PATH = "/probe-runner/key"  # GET: whether the provider accepts the gateway's key (server.py), the canary's route
 STOPPING = "this gateway pod is stopping: ask again"  # its 503 to a key check (a rollout's old pod)
 KEY_REFUSED = "the provider refused the key"  # how its 403 to a key check begins (the canary's result too)

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runner import harnesses
+from runner.gateway import tokens
 from runner.harnesses.contract import Reach
 from runner.k8s import names
 from runner.plan import Plan
@@ -284,7 +285,7 @@ def session_pod(settings: Settings, plan: Plan, probe: str, session: str, attemp
     }
 
 
-CANARY_PROBE = "canary"  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
+CANARY_PROBE = tokens.CANARY_PROBE  # the probe label of canary pods (they carry no probe annotation: never taken for a session)
 CANARY_DEADLINE_SECONDS = 120
 
 

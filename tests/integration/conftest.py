@@ -64,14 +64,14 @@ def claude_command() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def qualified_cli(claude_command: list[str]) -> Callable[[str], list[str]]:
-    """``qualified_cli(version)``: the argv of that qualified CLI version: the pinned one is
-    ``claude_command``; another is its native binary in the cache `.ci/setup` fetched it to
-    (runner/qualify/fetch.py). Fails (never skips) where it is missing or another version."""
+def qualified_cli() -> Callable[[str], list[str]]:
+    """``qualified_cli(version)``: the argv of that qualified CLI version: the pinned one is the
+    CLI ``claude_command`` finds; another is its native binary in the cache `.ci/setup` fetched
+    it to (runner/qualify/fetch.py). Fails (never skips) where it is missing or another version."""
     from runner.qualify import fetch
 
     def find(version: str) -> list[str]:
-        argv = claude_command if version == EXPECTED_CLAUDE_VERSION else [str(fetch.cache_dir() / version / "claude")]
+        argv = _locate_claude() if version == EXPECTED_CLAUDE_VERSION else [str(fetch.cache_dir() / version / "claude")]
         try:
             out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60,
                                  env={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp")})

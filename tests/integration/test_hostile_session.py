@@ -302,7 +302,9 @@ def test_a_hostile_session_through_the_real_cli_stays_within_the_budget(tmp_path
     raw = store.get(state.detail["stream"]["key"]).decode()
     assert "hostile: 400 400 400 400 400 413 401 " in raw, raw[-2000:]
     for reason in ("the tool type 'web_fetch_20250910' is not a client-side tool", "the request holds 'mcp_servers'",
-                   "the model 'claude-opus-4-1' is not the campaign's", "max_tokens 10000000 is over gateway.max_tokens",
+                   "the model 'claude-opus-4-1' is not the campaign's",
+                   "max_tokens 10000000 is over the most claude-sonnet-4-5's qualified CLI asks for (32000; "
+                   "gateway.max_tokens)",
                    "the beta 'context-1m-2025-08-07' is refused", "the body is over gateway.max_body_bytes",
                    "token refused: forged"):
         assert reason in done.stderr, reason

@@ -49,7 +49,7 @@ def test_a_cli_that_sends_a_beta_with_no_class_is_not_qualified_and_the_report_s
     assert done.returncode == 1, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert doc["qualified"] is False and "brand-new-2026-12-01" in doc["models"]["claude-haiku-4-5"]["sent"]["betas"]
-    (finding,) = [f for f in doc["findings"] if "brand-new" in f["what"]]
+    (finding,) = [f for f in doc["findings"] if "brand-new" in f["what"] and not f["table"]]
     assert finding["blocking"] and finding["what"] == "beta 'brand-new-2026-12-01' has no class"
     assert "runner/harnesses/claude_code/betas.py" in finding["todo"] and "refused" in finding["todo"]
     assert "NOT QUALIFIED" in done.stdout

@@ -115,7 +115,8 @@ def _gateway_calls(prom: Prometheus) -> dict[tuple[str, ...], float]:
     """The gateway's calls by outcome, and its refusals by reason (keyed ("refusal", reason))."""
     calls = by(prom.query('sum by (outcome) (probe_runner_gateway_calls_total{component="gateway"})'), "outcome")
     refusals = by(prom.query('sum by (reason) (probe_runner_gateway_refusals_total{component="gateway"})'), "reason")
-    return {**calls, **{("refusal", *k): v for k, v in refusals.items()}}
+    canary = by(prom.query('sum by (reason) (probe_runner_gateway_canary_refusals_total{component="gateway"})'), "reason")
+    return {**calls, **{("refusal", *k): v for k, v in refusals.items()}, **{("canary", *k): v for k, v in canary.items()}}
 
 
 def _scraped(prom: Prometheus, campaign: str, before: dict[tuple[str, ...], float], ended: float) -> None:
@@ -135,14 +136,15 @@ def _scraped(prom: Prometheus, campaign: str, before: dict[tuple[str, ...], floa
     assert verbs[("create",)] >= 4 and verbs[("exec",)] >= 4, verbs  # a pod and a delivery per session at least
     # The gateway's pod served the sessions' calls: forwarded, none refused.
     seen = {k: v - before.get(k, 0) for k, v in _gateway_calls(prom).items()}
-    calls = {k: v for k, v in seen.items() if k[0] != "refusal"}
+    calls = {k: v for k, v in seen.items() if k[0] not in ("refusal", "canary")}
     refusals = {k[1:]: v for k, v in seen.items() if k[0] == "refusal" and v > 0}
+    canary = {k[1:]: v for k, v in seen.items() if k[0] == "canary" and v > 0}
     # Refused: only what the confinement checks' canaries ask to see refused (a server tool and
-    # an MCP server through the gateway: its request policy), two per check; the sessions' own
-    # calls were all forwarded (each capture's meter says refused 0, above).
-    assert calls[("forwarded",)] >= 4 and calls[("failed",)] == 0, (calls, refusals)
-    assert set(refusals) == {("policy",)} and calls[("refused",)] == refusals[("policy",)], (calls, refusals)
-    assert calls[("refused",)] % 2 == 0 and calls[("refused",)] >= 2, (calls, refusals)
+    # an MCP server through the gateway: its request policy), two per check, counted apart from
+    # the sessions' calls, which were all forwarded (each capture's meter says refused 0, above).
+    assert calls[("forwarded",)] >= 4 and calls[("failed",)] == 0 and calls[("refused",)] == 0, (calls, refusals)
+    assert refusals == {} and set(canary) == {("policy",)}, (refusals, canary)
+    assert canary[("policy",)] % 2 == 0 and canary[("policy",)] >= 2, canary
     # Every query of the chart's Grafana dashboard parses and returns series at the controller's
     # last scrape (its Job ends with the run: its series are stale from the next scrape on).
     (last,) = prom.query(f"max_over_time(timestamp(sum(probe_runner_sessions{ran}))[{window[1:-1]}:{SCRAPE}])")

@@ -22,7 +22,9 @@ from runner.k8s import jobs
 
 pytestmark = pytest.mark.timeout(900)
 REASONS = ("the tool type 'web_fetch_20250910' is not a client-side tool", "the request holds 'mcp_servers'",
-           "the model 'claude-opus-4-1' is not the campaign's", "max_tokens 10000000 is over gateway.max_tokens",
+           "the model 'claude-opus-4-1' is not the campaign's",
+           "max_tokens 10000000 is over the most claude-sonnet-4-5's qualified CLI asks for (32000; "
+           "gateway.max_tokens)",
            "the beta 'context-1m-2025-08-07' is refused", "token refused: forged")
 
 

@@ -12,6 +12,7 @@ import secrets
 
 import pytest
 
+from runner import harnesses
 from runner.k8s import manifests, podstate
 from tests.support.waiting import until
 
@@ -32,10 +33,10 @@ HARNESS_CHECK = ["sh", "-c", "claude --version && python3 -c 'import runner.entr
 
 @pytest.mark.parametrize("image,uid,command,expect,runtime", [
     ("ghcr.io/probe-runner/harness:0.1.0", 10001, HARNESS_CHECK,
-     ["2.1.197 (Claude Code)", "runner ok", "10001", f"kernel {os.uname().release}"], None),
+     [f"{harnesses.HARNESS.version} (Claude Code)", "runner ok", "10001", f"kernel {os.uname().release}"], None),
     # gVisor's variant in gVisor's sandbox: its own kernel (the Sentry says it is Linux 4.4.0)
     ("ghcr.io/probe-runner/harness:0.1.0-gvisor", 10001, HARNESS_CHECK,
-     ["2.1.197 (Claude Code)", "runner ok", "10001", "kernel 4.4.0"], "gvisor"),
+     [f"{harnesses.HARNESS.version} (Claude Code)", "runner ok", "10001", "kernel 4.4.0"], "gvisor"),
     ("ghcr.io/probe-runner/runner:0.1.0", 10002, ["probe-runner", "--version"], ["probe-runner 0.1.0"], None),
     ("ghcr.io/probe-runner/egress-proxy:0.1.0", 10003, ["sh", "-c", "squid -v | head -1; id -u"],
      ["Squid Cache: Version", "10003"], None),

@@ -34,6 +34,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     # the gateway
     "probe_runner_gateway_calls_total": ("counter", ("outcome",)),
     "probe_runner_gateway_refusals_total": ("counter", ("reason",)),
+    "probe_runner_gateway_canary_refusals_total": ("counter", ("reason",)),
     "probe_runner_gateway_upstream_seconds": ("histogram", ()),
     "probe_runner_gateway_upstream_bytes_total": ("counter", ("direction",)),
 }

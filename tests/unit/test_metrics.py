@@ -236,6 +236,8 @@ def test_the_gateways_outcomes_make_these_samples():
     g.refused("token")
     g.refused("limit")
     g.refused("limit")
+    g.refused("policy", canary=True)  # a confinement check's own probes: apart from the sessions' refusals
+    g.refused("policy", canary=True)
     g.forwarded(3000)
     g.answered(0.3, 700)
     g.failed()
@@ -250,6 +252,7 @@ def test_the_gateways_outcomes_make_these_samples():
         ("probe_runner_gateway_calls_total", (("outcome", "refused"),)): 3,
         ("probe_runner_gateway_calls_total", (("outcome", "failed"),)): 1,
         **{("probe_runner_gateway_refusals_total", (("reason", r),)): {"token": 1, "limit": 2}.get(r, 0) for r in REFUSALS},
+        **{("probe_runner_gateway_canary_refusals_total", (("reason", r),)): {"policy": 2}.get(r, 0) for r in REFUSALS},
         ("probe_runner_gateway_upstream_seconds_count", ()): 1,
         ("probe_runner_gateway_upstream_seconds_sum", ()): 0.3,
         ("probe_runner_gateway_upstream_bytes_total", (("direction", "request"),)): 3000,
