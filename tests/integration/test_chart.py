@@ -21,7 +21,7 @@ import yaml
 
 from runner.k8s import egress, jobs, manifests, names
 from runner.plan import parse_plan
-from runner.settings import Settings
+from runner.settings import DEFAULT_PRICES, Settings
 from tests.support.helm import CHART, KUBE_SCHEMA_VERSION, REPO, by_kind, helm, helm_binary, label_selector_matches, render, settings_of, values_of
 
 K8S_FILE = REPO / "k8s" / "probe-runner.yaml"
@@ -209,6 +209,25 @@ def test_the_settings_configmap_is_what_the_values_say(values):
         assert k.gateway_secret in by_kind(objs, "Secret") and k.gateway_secret == "team-a-gateway"
         assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [k.gateway_secret], "verbs": ["get"]} in rules
         assert service["spec"]["sessionAffinity"] == "ClientIP"  # a session stays on one gateway pod
+
+
+def test_the_gateways_betas_models_prices_and_max_tokens_are_chart_values_merged_with_the_defaults(tmp_path):
+    """Issue 43, item 6: an operator sets them in the values (the schema took none of them, and
+    RUNNER_GATEWAY__PRICES replaced the whole table): pricing one model leaves the others priced."""
+    values = tmp_path / "values.yaml"
+    values.write_text("gateway:\n  betas: [brand-new-2026-12-01]\n  models: [claude-opus-4-5]\n  maxTokens: 16000\n"
+                      "  prices:\n    claude-new-1: {input: 3, output: 15, cache_write: 3.75, cache_read: 0.3}\n"
+                      "    claude-haiku-5-5:\n      input: 0.1\n      output: 0.5\n      cache_write: 0.125\n"
+                      "      cache_read: 0.01\n      long_context: {above_tokens: 100000, input: 0.5, output: 2.5, "
+                      "cache_write: 0.625, cache_read: 0.05}\n")
+    g = settings_of(render(values)).gateway
+    assert (g.betas, g.models, g.max_tokens) == (["brand-new-2026-12-01"], ["claude-opus-4-5"], 16000)
+    assert g.prices["claude-new-1"].output == Decimal(15) and g.prices["claude-opus-4-5"] == DEFAULT_PRICES["claude-opus-4-5"]
+    assert g.prices["claude-haiku-5-5"].long_context is not None and g.prices["claude-haiku-5-5"].long_context.above_tokens == 100000
+    default = settings_of(render()).gateway
+    assert (default.betas, default.models, default.max_tokens, default.prices) == ([], [], None, DEFAULT_PRICES)
+    bad = helm("template", "probe-runner", str(CHART), "--set", "gateway.prices.claude-x.input=1", check=False)
+    assert bad.returncode != 0 and "at '/gateway/prices/claude-x': missing properties" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize("values", CASES, ids=CASE_IDS)

@@ -64,3 +64,32 @@ def test_each_check_fails_with_what_to_do(env, tmp_path, case, change, says):
     assert len(failed) == (2 if case == "harness" else 1), failed  # an old CLI that is a script is no ELF either
     assert any(says in line for line in failed), failed
     assert "Traceback" not in done.stderr and "checks failed: " in done.stderr
+
+
+def _plan_file(tmp_path, model: str) -> str:
+    import json
+
+    from runner.demo import PLAN
+
+    plan = json.loads(PLAN.read_text()) | {"model": model}
+    path = tmp_path / f"plan-{model}.json"
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+def test_the_plans_model_is_checked_as_run_would_check_it(env, tmp_path):
+    """Issue 43, item 4: `doctor` reports whether the plan's (CLI version, model) pair is
+    qualified, and whether a budget can meter it, before money is spent."""
+    from runner import harnesses
+
+    ok = subprocess.run([sys.executable, "-m", "runner", "doctor", "--plan", _plan_file(tmp_path, "claude-opus-4-1")], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    (line,) = [line for line in ok.stdout.splitlines() if line.startswith("ok   model:")]
+    assert line == (f"ok   model: claude-opus-4-1 is qualified with Claude Code {harnesses.HARNESS.version}, whose requests "
+                    "name claude-opus-5-5; metered at $4/$20 per million input/output tokens")
+    bad = subprocess.run([sys.executable, "-m", "runner", "doctor", "--plan", _plan_file(tmp_path, "claude-opus-5-5"),
+                          "--session-budget-usd", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    (line,) = [line for line in bad.stdout.splitlines() if line.startswith("FAIL model:")]
+    assert "may ask for 128000 output tokens" in line and "RUNNER_BUDGET__CALL_USD" in line
