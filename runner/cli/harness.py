@@ -47,11 +47,13 @@ def qualify(settings: Settings, cli_: str, models: tuple[str, ...], out: Path | 
     """Run the CLI under the harness's real flags against the scripted provider, for each
     model: what it sends (routes, query strings, headers, body keys, betas, the model its
     requests name, the most output asked for), its own price of each kind of token (one
-    answer of a million tokens of each), and the recorder's conformance sessions through this
+    answer of 50,000 tokens of each, and one prompt over 200k tokens for a long-context
+    premium), and the recorder's conformance sessions through this
     host's gateway under bubblewrap (every tool of the one list, reads and writes, the answer,
     a time-limited and a max-turns session, the CLI's stated cost against the meter). The
-    report names every difference from what is qualified and what must be done about it.
-    Exit 0 when nothing blocks qualification, 1 when something does."""
+    report names every difference from what is qualified and what must be done about it
+    (docs/qualifying.md). Exit 0 when every model qualifies, 1 when something blocks one, 2
+    for bad input."""
     from runner.qualify import report
     from runner.qualify.run import qualify as run_qualify
     from runner.qualify.run import write
