@@ -63,7 +63,7 @@ def refusals(model: str, reported: str | None, settings: Settings) -> list[str]:
 
 
 def admit(plan: Plan, reported: str | None, settings: Settings) -> None:
-    """Refuse, before anything is stored or spent, a campaign whose model may not run on the
+    """Refuse, before anything is journaled or spent, a campaign whose model may not run on the
     harness that reports ``reported``: UserError (exit 2), with what to do."""
     if why := refusals(plan.model, reported, settings):
         raise UserError(f"campaign {plan.campaign} cannot run: {'; '.join(why)}")

@@ -118,16 +118,16 @@ def run_sessions(plan: Plan, corpus: Path, store: Store, executor: Executor, wor
     executor's waiting room of them at once, taking the sessions in the plan's order: a session
     waiting (for the budget, a slot, its pod, its harness's end) holds no thread. What blocks
     (the ledger, the store, sealing, the executor's requests) runs on ``io_threads`` threads."""
-    executor.preflight()
-    if admit is not None:
-        admit(executor.harness_version)
-    store_plan(store, plan)
+    store_plan(store, plan)  # before the checks: a run they refuse records its stop, which status reads with the plan
     store_identifiers(store, plan, corpus)
     ledger = Ledger(store, plan.campaign)
     corpus_digest = corpus_fingerprint(corpus)
     states = ledger.sessions()
     report = RunReport(executor.remedies(plan.campaign))
     todo: list[tuple[SessionSpec, int, bool]] = []
+    executor.preflight()
+    if admit is not None:
+        admit(executor.harness_version)
     mine = share.sessions(plan)
     final = {(spec.probe, spec.name, st.attempt) for spec in mine
              if (st := states.get(spec.key)) and st.status not in ("pending", "intended", "started")}

@@ -6,7 +6,7 @@ Before: a plan the gateway refused had every session run into the same 400, each
 every call the gateway refused for a reason of the campaign's settings is failed with the
 gateway's reason, no further session starts, the run stops with a recorded stop that names the
 fix (exit 2), and the failed session is resumable once fixed. A campaign whose model cannot run
-on the CLI is refused before anything is stored or spent."""
+on the CLI is refused before anything is journaled or spent."""
 
 from __future__ import annotations
 
@@ -68,15 +68,24 @@ def test_a_beta_every_session_sends_that_the_gateway_refuses_fails_the_first_and
     assert {s.status for s in Ledger(store, campaign).sessions().values()} == {"succeeded"}
 
 
-def test_a_model_the_cli_is_not_qualified_with_is_refused_before_anything_is_stored(tmp_path, env):
+def _nothing_journaled_and_a_stop_a_watch_ends_on(tmp_path, env, plan: Path) -> None:
+    campaign = json.loads(plan.read_text())["campaign"]
+    store = FileStore(tmp_path / "store")
+    assert Ledger(store, campaign).sessions() == {}
+    watched = probe_runner("status", campaign, "--watch", "--interval", "0.1", env=env, timeout=60)
+    assert watched.returncode == 2 and "cannot run" in watched.stdout, watched.stdout + watched.stderr
+
+
+def test_a_model_the_cli_is_not_qualified_with_is_refused_before_anything_is_journaled(tmp_path, env):
     """"A CLI version or model that is not qualified is refused before the first session with a
-    clear message naming the remedy (exit 2, nothing spent)"."""
+    clear message naming the remedy (exit 2, nothing spent)"; the stop is recorded, so a watch
+    ends on it with the run's exit."""
     plan = _plan(tmp_path, model="claude-3-7-sonnet")
     done = probe_runner("run", str(plan), "--corpus", str(CORPUS), env=env)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "cannot run: the model claude-3-7-sonnet is not qualified with Claude Code" in done.stderr
     assert "probe-runner harness qualify --cli" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("ledger/*"))
+    _nothing_journaled_and_a_stop_a_watch_ends_on(tmp_path, env, plan)
 
 
 def test_a_budgeted_campaign_whose_calls_cannot_fit_is_refused_before_anything_is_spent(tmp_path, env):
@@ -85,4 +94,4 @@ def test_a_budgeted_campaign_whose_calls_cannot_fit_is_refused_before_anything_i
     done = probe_runner("run", str(plan), "--corpus", str(CORPUS), env=budget)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "one call of claude-opus-5-5 may ask for 128000 output tokens" in done.stderr and "RUNNER_BUDGET__CALL_USD" in done.stderr
-    assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("ledger/*"))
+    _nothing_journaled_and_a_stop_a_watch_ends_on(tmp_path, budget, plan)
