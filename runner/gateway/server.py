@@ -68,7 +68,7 @@ class Meter:
     usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(USAGE_FIELDS, 0))
     usd: Decimal = Decimal(0)
     unpriced: set[str] = field(default_factory=set)  # models with no price: their calls are not in usd
-    answered_as: set[str] = field(default_factory=set)  # "asked -> answered" where an answer named another model than its request
+    answered_as: set[str] = field(default_factory=set)  # "asked -> answered" where an answer named another model than its request's
     # the first refusal that every session of the campaign would meet (Refused.every_session):
     # with no call forwarded, the session never reached the model, for a reason of its settings
     every_session: str | None = None
@@ -590,8 +590,8 @@ class Gateway:
         """A metered call is over: it settles at its answer's usage where the answer was read
         whole, at nothing where the request never reached the provider, else at its bound. An
         answer is metered at the price of the model its request named (``model``), the price its
-        bound was checked at: an answer naming another model (a dated id, or a model the
-        provider served in its place) is noted, not left unpriced."""
+        bound was checked at: an answer naming another model (one the provider served in its
+        place; not a dated id of the model asked for) is noted in the meter, not left unpriced."""
         with self._lock:
             meter = self._meter(claims)
             meter.unwritten = True
@@ -601,7 +601,7 @@ class Gateway:
                 pass
             elif reader is not None and reader.complete:
                 price = price_of(self.prices, model)
-                if reader.model and reader.model != model:
+                if reader.model and not reader.model.startswith(model):  # another model (a dated id of the same is not)
                     meter.answered_as.add(f"{model} -> {reader.model}")
                 meter.calls += 1
                 for k, v in reader.usage.items():
