@@ -49,10 +49,11 @@ BUILDS = {  # the control plane, shared with tests/cluster; the node's binaries;
 PROVIDER_HOST = "api.provider.test"
 OTHER_HOST = "other.provider.test"
 # A session whose CLI stays busy for a while (tests/node/test_confinement.py changes the
-# network under it): one Bash call that sleeps, then the answer.
+# network under it): one Bash call that sleeps 45 s, then the answer. Not a standalone `sleep`:
+# 2.1.337 refuses one itself ("Blocked: standalone sleep"), and the session would end at once.
 LONG_TASK = "TASK-LONG: wait, then answer."
 LONG_SCENARIO = {"name": "long", "match": "TASK-LONG", "turns": [
-    {"tool_uses": [{"name": "Bash", "input": {"command": "sleep 45"}}]}, {"text": "Waited.\nsealed"}]}
+    {"tool_uses": [{"name": "Bash", "input": {"command": "sh -c 'sleep 45'"}}]}, {"text": "Waited.\nsealed"}]}
 BUCKET_ENV = {"AWS_ACCESS_KEY_ID": "probe-runner-test", "AWS_SECRET_ACCESS_KEY": "probe-runner-test"}
 
 
