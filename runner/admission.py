@@ -50,6 +50,8 @@ def refusals(model: str, reported: str | None, settings: Settings) -> list[str]:
                    "\"output\": ..., \"cache_write\": ..., \"cache_read\": ...}}', merged with the defaults; the chart's "
                    "gateway.prices), or run it without budget.session_usd")
         return out
+    if not settings.gateway.enabled:  # no gateway holds a call to its bound: call_usd is only part of the reservation
+        return out
     most = max_output(settings.gateway, sent)
     window = context_of(settings.gateway, sent)
     output = most * max(t.output for t in price.tiers()) / MILLION

@@ -391,8 +391,10 @@ def test_controller_killed_and_restarted_creates_no_session_twice(kube_cluster, 
 def test_a_budget_holds_through_a_controller_killed_and_restarted(kube_cluster, nodes, namespace, sim_root, shared,
                                                                   real_stream, tmp_path):
     """Issue 15: "a restarted or resumed campaign keeps the same books". Eight sessions of
-    $0.003 each (the replayed stream's cost), each reserving $0.006 ($0.004 session limit +
-    $0.002 a call), under a $0.02 budget: five fit ($0.003 x 4 + $0.006 <= $0.02). The
+    $0.003 each (the replayed stream's cost), each reserving $0.504 ($0.004 session limit +
+    $0.50 a call: one Sonnet 4.5 call may ask for 32,000 output tokens, $0.48, and a run whose
+    call_usd cannot hold that is refused), under a $0.517 budget: five fit ($0.003 x 4 + $0.504
+    <= $0.517), a sixth does not ($0.003 x 5 + $0.504 > $0.517). The
     controller is SIGKILLed once a session has settled while another is in flight; the
     restarted one adopts their pods, whose reservations the ledger kept, and starts no session
     the books cannot hold: five succeed, three are not started (exit 3; one of them may have
@@ -400,12 +402,12 @@ def test_a_budget_holds_through_a_controller_killed_and_restarted(kube_cluster, 
     cost stays within the budget."""
     store_uri = (tmp_path / "store").as_uri()
     env = {**os.environ, **_env(kube_cluster, namespace, store_uri, RUNNER_PROVIDER__API_KEY="k",
-                                RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"), RUNNER_BUDGET__CALL_USD="0.002")}
+                                RUNNER_LOCAL__WORKDIR=str(tmp_path / "work"), RUNNER_BUDGET__CALL_USD="0.50")}
     plan = _plan(f"books-{_uid()}", 2)  # 8 sessions
     plan_file = tmp_path / "plan.json"
     plan_file.write_bytes(plan.canonical_json())
     argv = [sys.executable, "-m", "runner", "run", str(plan_file), "--corpus", str(demo.CORPUS), "--executor", "kubernetes",
-            "--concurrency", "4", "--budget-usd", "0.02", "--session-budget-usd", "0.004"]
+            "--concurrency", "4", "--budget-usd", "0.517", "--session-budget-usd", "0.004"]
     with SimNode(kube_cluster.api_client(), namespace, sim_root, _replay(real_stream, 1.0), harness_binds=(str(shared),)) as sim:
         first = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         store = open_store(store_uri)
@@ -434,8 +436,8 @@ def test_a_budget_holds_through_a_controller_killed_and_restarted(kube_cluster, 
     assert all(s.status == "intended" and not s.started for s in states.values() if s.status != "succeeded")
     assert sum(1 for e in ledger.entries if e["type"] == "start") == 5
     final = books(ledger)
-    assert final.reserved == 0 and final.spent == Decimal("0.015") <= Decimal("0.02")
-    assert {e["reserved_usd"] for e in ledger.entries if e["type"] == "start"} == {"0.006"}
+    assert final.reserved == 0 and final.spent == Decimal("0.015") <= Decimal("0.517")
+    assert {e["reserved_usd"] for e in ledger.entries if e["type"] == "start"} == {"0.504"}
     _wait_no_pods(kube_cluster, namespace)
 
 

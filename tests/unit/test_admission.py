@@ -67,6 +67,9 @@ def test_a_model_whose_largest_call_cannot_fit_in_call_usd_names_the_value_to_ra
     assert admission.refusals("claude-opus-5-5", None, _budgeted(call_usd="7.56")) == []
     assert admission.refusals("claude-opus-5-5", None, _settings(budget={"campaign_usd": "10", "session_usd": "1"},
                                                                  gateway={"max_tokens": 64000})) == []
+    # without the gateway nothing holds a call to its bound: call_usd is only part of the reservation
+    assert admission.refusals("claude-opus-5-5", None, _settings(budget={"campaign_usd": "10", "session_usd": "1"},
+                                                                 gateway={"enabled": False})) == []
 
 
 def test_admit_raises_the_reasons_as_bad_input():
